@@ -1,0 +1,178 @@
+"""Events the server sends to the client (spec: "Events", "Errors and close codes").
+
+Frozen, keyword-only value objects. ``to_dict()`` gives the exact JSON object of the spec,
+``to_json()`` its compact text; nothing else in the package builds event JSON by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from .errors import ErrorCode
+
+__all__ = [
+    "CHANNELS",
+    "ENCODING",
+    "SAMPLE_RATE",
+    "Endpoint",
+    "Error",
+    "Event",
+    "Final",
+    "Partial",
+    "Ready",
+    "Stats",
+    "TranscriptEvent",
+    "Word",
+]
+
+# The fixed PCM format of the contract (spec: "Start and audio contract").
+ENCODING: Literal["pcm_s16le"] = "pcm_s16le"
+SAMPLE_RATE = 16000
+CHANNELS = 1
+
+
+def _dumps(obj: dict[str, Any]) -> str:
+    # allow_nan=False: the constructors already refuse non-finite numbers; this is the backstop
+    # that keeps a bug from putting the non-JSON token NaN on the wire.
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Word:
+    """One timed word: seconds from the start of the stream's accepted audio."""
+
+    word: str
+    start: float
+    end: float
+    confidence: float | None = None
+
+    def __post_init__(self) -> None:
+        # Engines hand us ints and numpy floats too; the wire always carries JSON floats.
+        object.__setattr__(self, "start", float(self.start))
+        object.__setattr__(self, "end", float(self.end))
+        if self.confidence is not None:
+            object.__setattr__(self, "confidence", float(self.confidence))
+        if not (math.isfinite(self.start) and math.isfinite(self.end)):
+            raise ValueError("word times must be finite")
+        if not 0.0 <= self.start <= self.end:
+            raise ValueError(f"word times need 0 <= start <= end, got {self.start}, {self.end}")
+        if self.confidence is not None and not math.isfinite(self.confidence):
+            raise ValueError("word confidence must be finite")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"word": self.word, "start": self.start, "end": self.end}
+        if self.confidence is not None:
+            out["confidence"] = self.confidence
+        return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Ready:
+    """Sent once the engine stream is open; echoes the model and the fixed PCM format."""
+
+    type: ClassVar[str] = "ready"
+    model: str
+    encoding: str = ENCODING
+    sample_rate: int = SAMPLE_RATE
+    channels: int = CHANNELS
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "model": self.model,
+            "encoding": self.encoding,
+            "sample_rate": self.sample_rate,
+            "channels": self.channels,
+        }
+
+    def to_json(self) -> str:
+        return _dumps(self.to_dict())
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TranscriptEvent:
+    """The shared shape of ``partial``, ``endpoint`` and ``final``."""
+
+    type: ClassVar[str]
+    is_final: ClassVar[bool] = False
+    revision: int
+    text: str
+    words: tuple[Word, ...] = field(default=())
+    audio_seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "revision": self.revision,
+            "text": self.text,
+            "words": [w.to_dict() for w in self.words],
+            "audio_seconds": self.audio_seconds,
+            "is_final": self.is_final,
+        }
+
+    def to_json(self) -> str:
+        return _dumps(self.to_dict())
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Partial(TranscriptEvent):
+    """A revisable hypothesis: it replaces the previous one, it is not appended."""
+
+    type: ClassVar[str] = "partial"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Endpoint(TranscriptEvent):
+    """A native decoder utterance boundary; the stream stays open."""
+
+    type: ClassVar[str] = "endpoint"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Final(TranscriptEvent):
+    """The result of ``end``: exactly one per flushed stream."""
+
+    type: ClassVar[str] = "final"
+    is_final: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Stats:
+    """The terminal accounting event of ``end`` and ``cancel``."""
+
+    type: ClassVar[str] = "stats"
+    audio_seconds: float
+    frames: int
+    canceled: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "audio_seconds": self.audio_seconds,
+            "frames": self.frames,
+            "canceled": self.canceled,
+        }
+
+    def to_json(self) -> str:
+        return _dumps(self.to_dict())
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Error:
+    """Sent before a close on an accepted connection; its code fixes the close code."""
+
+    type: ClassVar[str] = "error"
+    code: ErrorCode
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "code": self.code.value, "detail": self.detail}
+
+    def to_json(self) -> str:
+        return _dumps(self.to_dict())
+
+
+Event = Ready | Partial | Endpoint | Final | Stats | Error

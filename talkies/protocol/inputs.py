@@ -1,0 +1,130 @@
+"""What a driver tells a :class:`~talkies.protocol.session.StreamSession`.
+
+Three families: client messages (text and binary, whole or in fragments as wsproto and ASGI
+deliver them), the engine's answers, and transport facts. Time is not an input of its own:
+every call to ``StreamSession.handle`` carries ``now``, and :class:`Tick` merely asks the
+session to look at the clock it was given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import ErrorCode
+from .events import Word
+
+__all__ = [
+    "AuthRejected",
+    "BinaryReceived",
+    "EngineEndpoint",
+    "EngineFailed",
+    "EngineFinal",
+    "EngineOpened",
+    "EnginePartial",
+    "Input",
+    "PeerGone",
+    "Refused",
+    "ShuttingDown",
+    "TextReceived",
+    "Tick",
+]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TextReceived:
+    """A text message or one fragment of it; ``final`` marks its last fragment.
+
+    ``data`` is ``str`` from wsproto and ASGI ``text``, or raw ``bytes`` where the peer's
+    bytes were not (or could not be) decoded, such as an ASGI ``bytes`` text frame.
+    """
+
+    data: str | bytes
+    final: bool = True
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BinaryReceived:
+    """A binary message (one PCM frame) or one fragment of it."""
+
+    data: bytes
+    final: bool = True
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EngineOpened:
+    """The engine stream asked for by ``Open`` is ready for audio."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EnginePartial:
+    """A revisable hypothesis for the current utterance."""
+
+    text: str
+    words: tuple[Word, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EngineEndpoint:
+    """The decoder closed an utterance; ``text`` is that utterance."""
+
+    text: str
+    words: tuple[Word, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EngineFinal:
+    """The answer to ``Flush``: what remained after the last endpoint."""
+
+    text: str
+    words: tuple[Word, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EngineFailed:
+    """The engine could not open, decode or flush; ``detail`` is safe to show the client."""
+
+    detail: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Refused:
+    """The driver will not serve this stream: unknown model, busy, limits, not streaming."""
+
+    code: ErrorCode
+    detail: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AuthRejected:
+    """The upgrade's bearer token was missing or wrong (spec: close 4401, no error object)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PeerGone:
+    """The connection is gone: TCP closed, or the client sent a close frame."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ShuttingDown:
+    """The server's grace period is over: end the stream with close 1001."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Tick:
+    """A timer fired; the session compares its deadline with ``now``."""
+
+
+Input = (
+    TextReceived
+    | BinaryReceived
+    | EngineOpened
+    | EnginePartial
+    | EngineEndpoint
+    | EngineFinal
+    | EngineFailed
+    | Refused
+    | AuthRejected
+    | PeerGone
+    | ShuttingDown
+    | Tick
+)

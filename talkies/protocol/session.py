@@ -1,0 +1,453 @@
+"""``StreamSession``: one live-ASR WebSocket connection as a pure state machine.
+
+Spec: "Live ASR over WebSocket". The session never sees a socket, a clock or a thread. A
+driver (the anyio server, the ASGI adapter, a test, a fuzzer) feeds it inputs with
+``handle(input, now)`` and executes the actions it pulls with ``pull_actions()``. The same
+inputs always give the same actions.
+
+Transitions live in :mod:`.table`; this module holds the handlers the table names. Every
+failure goes through ``_fail`` (error event, release, close) and nothing raises out of
+``handle``: a handler bug becomes ``server_error`` with the exception kept for the logs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .actions import Action, Close, Feed, Flush, Open, Release, Send
+from .errors import CloseCode, ErrorCode, ProtocolError
+from .events import (
+    SAMPLE_RATE,
+    Endpoint,
+    Error,
+    Final,
+    Partial,
+    Ready,
+    Stats,
+    TranscriptEvent,
+    Word,
+)
+from .inputs import (
+    AuthRejected,
+    BinaryReceived,
+    EngineEndpoint,
+    EngineFailed,
+    EngineFinal,
+    EngineOpened,
+    EnginePartial,
+    Input,
+    PeerGone,
+    Refused,
+    ShuttingDown,
+    TextReceived,
+    Tick,
+)
+from .messages import (
+    MAX_CONTROL_BYTES,
+    Envelope,
+    MessageType,
+    StartOptions,
+    check_control,
+    parse_envelope,
+    parse_start,
+)
+from .table import Handler, InputKind, Rule, State, rule_for
+
+__all__ = ["SessionLimits", "StreamSession"]
+
+# Module constants: attribute access on an Enum class is slow, and this is the per-frame path.
+_AUDIO = InputKind.AUDIO
+_AUDIO_PART = InputKind.AUDIO_PART
+_CLIENT_INPUTS = (BinaryReceived, TextReceived)
+_IDLE_STATES = frozenset({State.AWAITING_START, State.STREAMING})
+
+_ENVELOPE_KINDS = {
+    MessageType.START: InputKind.START,
+    MessageType.END: InputKind.END,
+    MessageType.CANCEL: InputKind.CANCEL,
+    MessageType.OTHER: InputKind.OTHER_TYPE,
+}
+
+_DRIVER_KINDS: dict[type, InputKind] = {
+    EngineOpened: InputKind.ENGINE_OPENED,
+    EnginePartial: InputKind.ENGINE_PARTIAL,
+    EngineEndpoint: InputKind.ENGINE_ENDPOINT,
+    EngineFinal: InputKind.ENGINE_FINAL,
+    EngineFailed: InputKind.ENGINE_FAILED,
+    Refused: InputKind.REFUSED,
+    AuthRejected: InputKind.AUTH_REJECTED,
+    PeerGone: InputKind.PEER_GONE,
+    ShuttingDown: InputKind.SHUTTING_DOWN,
+    Tick: InputKind.TICK,
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SessionLimits:
+    """The per-connection limits of the contract, in the session's own units."""
+
+    max_frame_bytes: int = 65536  # TALKIES_STREAM_MAX_FRAME_BYTES
+    max_duration_seconds: float = 4 * 3600.0  # TALKIES_STREAM_MAX_DURATION
+    idle_timeout_seconds: float = 30.0  # TALKIES_STREAM_IDLE_TIMEOUT
+
+    def __post_init__(self) -> None:
+        if self.max_frame_bytes < 2:
+            raise ValueError("max_frame_bytes must be at least 2")
+        for name in ("max_duration_seconds", "idle_timeout_seconds"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive finite number")
+
+    @property
+    def max_samples(self) -> int:
+        return math.floor(self.max_duration_seconds * SAMPLE_RATE)
+
+
+def _clean_text(text: str) -> str:
+    """Engine text is sent as UTF-8: replace lone surrogates rather than fail to encode."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
+_HandlerFn = Callable[[Rule, Input, object], None]
+
+
+class StreamSession:
+    """The protocol state of one live-ASR connection."""
+
+    def __init__(self, limits: SessionLimits | None = None, *, now: float) -> None:
+        self.limits = limits if limits is not None else SessionLimits()
+        self.state = State.AWAITING_START
+        self.options: StartOptions | None = None
+        self.frames = 0  # accepted binary messages
+        self.samples = 0  # accepted samples
+        self.revision = 0  # of the last transcript event sent
+        self.close_code: CloseCode | None = None
+        self.error: ProtocolError | None = None  # why the session failed, for logs
+        self.outcome: str | None = None  # how it ended: "end", "cancel", an error code, ...
+        self._max_samples = self.limits.max_samples
+        self._actions: list[Action] = []
+        self._idle_since = now
+        self._now = now
+        self._stream_held = False
+        self._text_parts: bytearray | None = None
+        self._audio_parts: list[bytes] | None = None
+        self._audio_size = 0
+        self._hypothesis: tuple[str, tuple[Word, ...]] = ("", ())
+        self._handlers: dict[Handler, _HandlerFn] = {
+            h: getattr(self, f"_on_{h.value}") for h in Handler
+        }
+
+    # -- the driver's interface --------------------------------------------------------------
+
+    def handle(self, event: Input, now: float) -> None:
+        """Consume one input at time ``now`` (seconds on any monotonic clock)."""
+        kind, payload = self._classify(event)
+        if isinstance(event, _CLIENT_INPUTS):
+            self._idle_since = now  # the idle timeout runs between client messages
+        self._now = now
+        rule = rule_for(self.state, kind)
+        try:
+            self._handlers[rule.handler](rule, event, payload)
+        except ProtocolError as exc:
+            self._fail(exc)
+        except Exception as exc:  # a bug in a handler: contain it, keep the cause
+            failure = ProtocolError(ErrorCode.SERVER_ERROR, "internal error")
+            failure.__cause__ = exc
+            self._fail(failure)
+        if self.state not in rule.next:
+            # The table promised otherwise: treat it as an internal error, not a silent drift.
+            self._fail(ProtocolError(ErrorCode.SERVER_ERROR, "internal state error"))
+
+    def pull_actions(self) -> list[Action]:
+        """Return and forget the actions produced since the last call, in order."""
+        actions, self._actions = self._actions, []
+        return actions
+
+    @property
+    def deadline(self) -> float | None:
+        """When the driver should deliver the next :class:`Tick`, or None for no timer.
+
+        The idle timeout (spec: 4408) runs between client messages while the client is the
+        one expected to talk: before start and while streaming. It is paused while the server
+        opens the model or flushes, which are the server's time, not the client's.
+        """
+        if self.state in _IDLE_STATES:
+            return self._idle_since + self.limits.idle_timeout_seconds
+        return None
+
+    @property
+    def audio_seconds(self) -> float:
+        return self.samples / SAMPLE_RATE
+
+    @property
+    def stream_held(self) -> bool:
+        """True between ``Open`` and its ``Release``."""
+        return self._stream_held
+
+    # -- assembly: fragments to messages, bytes to envelopes ---------------------------------
+
+    def _classify(self, event: Input) -> tuple[InputKind, object]:
+        """The input's kind for the table, and what its handler needs (bytes, an envelope).
+
+        Client messages that fail assembly or envelope parsing are ``MALFORMED`` and carry
+        their ``ProtocolError``; whether that ends the session is the table's decision.
+        """
+        try:
+            return self._assemble(event)
+        except ProtocolError as exc:
+            return InputKind.MALFORMED, exc
+
+    def _assemble(self, event: Input) -> tuple[InputKind, object]:
+        if isinstance(event, BinaryReceived):
+            if self._text_parts is not None:
+                raise ProtocolError(
+                    ErrorCode.INVALID_MESSAGE, "binary message inside an unfinished text message"
+                )
+            return (_AUDIO if event.final else _AUDIO_PART), None
+        if isinstance(event, TextReceived):
+            return self._classify_text(event)
+        return _DRIVER_KINDS[type(event)], None
+
+    def _classify_text(self, event: TextReceived) -> tuple[InputKind, object]:
+        if self._audio_parts is not None:
+            raise ProtocolError(
+                ErrorCode.INVALID_MESSAGE, "text message inside an unfinished binary message"
+            )
+        buffered = len(self._text_parts) if self._text_parts is not None else 0
+        data = event.data
+        if isinstance(data, str):
+            # Each character is at least one UTF-8 byte: refuse a huge str before encoding it.
+            if len(data) > MAX_CONTROL_BYTES - buffered:
+                raise _too_large()
+            # surrogatepass: a lone surrogate becomes bytes that fail strict UTF-8 decoding
+            # below, so it is reported as invalid_json like any other undecodable text.
+            data = data.encode("utf-8", "surrogatepass")
+        if len(data) > MAX_CONTROL_BYTES - buffered:
+            raise _too_large()
+        if not event.final:
+            return InputKind.TEXT_PART, data
+        if self._text_parts is not None:
+            self._text_parts += data
+            data = bytes(self._text_parts)
+            self._text_parts = None
+        envelope = parse_envelope(data)
+        return _ENVELOPE_KINDS[envelope.type], envelope
+
+    # -- handlers named by the table ----------------------------------------------------------
+
+    def _on_start(self, rule: Rule, event: Input, payload: object) -> None:
+        assert isinstance(payload, Envelope)
+        options = parse_start(payload.body)
+        self.options = options
+        self.state = State.OPENING
+        self._stream_held = True
+        self._actions.append(Open(options=options))
+
+    def _on_end(self, rule: Rule, event: Input, payload: object) -> None:
+        assert isinstance(payload, Envelope)
+        check_control(payload)
+        self.state = State.FLUSHING
+        self._actions.append(Flush())
+
+    def _on_cancel(self, rule: Rule, event: Input, payload: object) -> None:
+        assert isinstance(payload, Envelope)
+        check_control(payload)
+        self._finish(
+            (Stats(audio_seconds=self.audio_seconds, frames=self.frames, canceled=True),),
+            CloseCode.NORMAL,
+            "cancel",
+        )
+
+    def _on_buffer_text(self, rule: Rule, event: Input, payload: object) -> None:
+        assert isinstance(payload, bytes)
+        if self._text_parts is None:
+            self._text_parts = bytearray(payload)
+        else:
+            self._text_parts += payload
+
+    def _on_buffer_audio(self, rule: Rule, event: Input, payload: object) -> None:
+        assert isinstance(event, BinaryReceived)
+        data = event.data
+        self._check_frame_size(self._audio_size + len(data))
+        if self._audio_parts is None:
+            self._audio_parts = []
+        self._audio_parts.append(data)
+        self._audio_size += len(data)
+
+    def _on_audio(self, rule: Rule, event: Input, payload: object) -> None:
+        assert isinstance(event, BinaryReceived)
+        pcm = event.data
+        if self._audio_parts is not None:
+            self._check_frame_size(self._audio_size + len(pcm))
+            self._audio_parts.append(pcm)
+            pcm = b"".join(self._audio_parts)
+            self._audio_parts = None
+            self._audio_size = 0
+        size = len(pcm)
+        self._check_frame_size(size)
+        if size == 0:
+            raise ProtocolError(ErrorCode.EMPTY_AUDIO, "audio frames must not be empty")
+        if size & 1:
+            raise ProtocolError(
+                ErrorCode.UNALIGNED_AUDIO,
+                f"audio frame of {size} bytes is not a whole number of 16-bit samples",
+            )
+        samples = self.samples + (size >> 1)
+        if samples > self._max_samples:
+            raise ProtocolError(
+                ErrorCode.DURATION_LIMIT,
+                f"audio exceeds the limit of {self.limits.max_duration_seconds:g} seconds",
+            )
+        self.samples = samples
+        self.frames += 1
+        self._actions.append(Feed(pcm=pcm))
+
+    def _check_frame_size(self, size: int) -> None:
+        # Spec: frames are "no larger than TALKIES_STREAM_MAX_FRAME_BYTES"; checked on each
+        # fragment, before it is buffered.
+        if size > self.limits.max_frame_bytes:
+            raise ProtocolError(
+                ErrorCode.FRAME_TOO_LARGE,
+                f"audio frame exceeds the limit of {self.limits.max_frame_bytes} bytes",
+            )
+
+    def _on_opened(self, rule: Rule, event: Input, payload: object) -> None:
+        assert self.options is not None
+        self.state = State.STREAMING
+        self._idle_since = self._now  # the client's clock starts when it is told to talk
+        self._actions.append(Send(event=Ready(model=self.options.model)))
+
+    def _on_partial(self, rule: Rule, event: Input, payload: object) -> None:
+        assert isinstance(event, EnginePartial)
+        assert self.options is not None
+        text, words = _clean_text(event.text), self._words(event.words)
+        if (text, words) == self._hypothesis:
+            return  # an unchanged hypothesis is not a revision
+        self._hypothesis = (text, words)
+        if self.options.interim_results:
+            self._send_transcript(Partial, text, words)
+
+    def _on_endpoint(self, rule: Rule, event: Input, payload: object) -> None:
+        assert isinstance(event, EngineEndpoint)
+        text, words = _clean_text(event.text), self._words(event.words)
+        previous, self._hypothesis = self._hypothesis, ("", ())
+        if not text and not words and previous == ("", ()):
+            # An empty utterance after an empty hypothesis tells the client nothing: silence.
+            return
+        self._send_transcript(Endpoint, text, words)
+
+    def _on_final(self, rule: Rule, event: Input, payload: object) -> None:
+        assert isinstance(event, EngineFinal)
+        text, words = _clean_text(event.text), self._words(event.words)
+        self.revision += 1
+        final = Final(
+            revision=self.revision, text=text, words=words, audio_seconds=self.audio_seconds
+        )
+        stats = Stats(audio_seconds=self.audio_seconds, frames=self.frames, canceled=False)
+        self._finish((final, stats), CloseCode.NORMAL, "end")
+
+    def _on_engine_failed(self, rule: Rule, event: Input, payload: object) -> None:
+        assert isinstance(event, EngineFailed)
+        raise ProtocolError(ErrorCode.SERVER_ERROR, _clean_text(event.detail))
+
+    def _on_refused(self, rule: Rule, event: Input, payload: object) -> None:
+        assert isinstance(event, Refused)
+        raise ProtocolError(event.code, _clean_text(event.detail))
+
+    def _on_auth_rejected(self, rule: Rule, event: Input, payload: object) -> None:
+        # Spec: "A rejected bearer token closes the upgrade with 4401 and no error object."
+        self._finish((), CloseCode.UNAUTHORIZED, "unauthorized")
+
+    def _on_peer_gone(self, rule: Rule, event: Input, payload: object) -> None:
+        self._finish((), None, "peer_gone")
+
+    def _on_shutdown(self, rule: Rule, event: Input, payload: object) -> None:
+        self._finish((), CloseCode.GOING_AWAY, "shutdown")
+
+    def _on_tick(self, rule: Rule, event: Input, payload: object) -> None:
+        deadline = self.deadline
+        if deadline is not None and self._now >= deadline:
+            raise ProtocolError(
+                ErrorCode.IDLE_TIMEOUT,
+                f"no message from the client for {self.limits.idle_timeout_seconds:g} seconds",
+            )
+
+    def _on_malformed(self, rule: Rule, event: Input, payload: object) -> None:
+        assert isinstance(payload, ProtocolError)
+        raise payload
+
+    def _on_reject(self, rule: Rule, event: Input, payload: object) -> None:
+        assert rule.code is not None
+        raise ProtocolError(rule.code, _REJECT_DETAILS[rule.code])
+
+    def _on_ignore(self, rule: Rule, event: Input, payload: object) -> None:
+        return
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _words(self, words: tuple[Word, ...]) -> tuple[Word, ...]:
+        assert self.options is not None
+        return words if self.options.word_timestamps else ()
+
+    def _send_transcript(
+        self, cls: type[TranscriptEvent], text: str, words: tuple[Word, ...]
+    ) -> None:
+        self.revision += 1
+        event = cls(
+            revision=self.revision, text=text, words=words, audio_seconds=self.audio_seconds
+        )
+        assert isinstance(event, Partial | Endpoint)
+        self._actions.append(Send(event=event))
+
+    def _fail(self, error: ProtocolError) -> None:
+        if self.state is State.CLOSED:
+            return
+        self.error = error
+        self._finish(
+            (Error(code=error.code, detail=error.detail),), error.code.close_code, error.code.value
+        )
+
+    def _finish(
+        self,
+        events: tuple[Final | Stats | Error, ...],
+        code: CloseCode | None,
+        outcome: str,
+    ) -> None:
+        """The one exit: release the engine stream once, send the last events, close."""
+        if self._stream_held:
+            self._stream_held = False
+            self._actions.append(Release())
+        for ev in events:
+            self._actions.append(Send(event=ev))
+        if code is not None:
+            reason = "" if code is CloseCode.NORMAL or not events else outcome
+            self._actions.append(Close(code=code, reason=reason))
+        self.close_code = code
+        self.outcome = outcome
+        self.state = State.CLOSED
+        self._text_parts = None
+        self._audio_parts = None
+        self._audio_size = 0
+
+
+def _too_large() -> ProtocolError:
+    return ProtocolError(
+        ErrorCode.MESSAGE_TOO_LARGE,
+        f"control message exceeds the limit of {MAX_CONTROL_BYTES} bytes",
+    )
+
+
+_REJECT_DETAILS: dict[ErrorCode, str] = {
+    ErrorCode.INVALID_EVENT: "this message is not allowed in the stream's current state",
+    ErrorCode.INVALID_AUDIO: "audio is accepted only after ready and before end",
+    ErrorCode.INVALID_MESSAGE: "malformed message",
+    ErrorCode.SERVER_ERROR: "internal error",
+}

@@ -1,0 +1,161 @@
+"""Property tests: invariants over arbitrary input sequences, and fragmentation invariance."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from talkies.protocol import (
+    Action,
+    BinaryReceived,
+    EngineEndpoint,
+    EngineFinal,
+    EngineOpened,
+    EnginePartial,
+    Feed,
+    Input,
+    PeerGone,
+    Send,
+    State,
+    Stats,
+    StreamSession,
+    TextReceived,
+)
+from talkies.protocol.audit import SessionAudit
+
+from .protocol_helpers import LIMITS, session_in
+from .strategies import client_messages, driver_inputs, input_sequences, transcripts, valid_start
+
+
+def run(inputs: list[tuple[Input, float]]) -> tuple[StreamSession, list[Action]]:
+    s = StreamSession(LIMITS, now=0.0)
+    audit = SessionAudit()
+    out: list[Action] = []
+    for item, now in inputs:
+        s.handle(item, now)  # never raises: that is the property
+        batch = s.pull_actions()
+        audit.observe(batch)
+        audit.check_end(s)
+        out.extend(batch)
+    return s, out
+
+
+@settings(max_examples=400, deadline=None)
+@given(input_sequences())
+def test_arbitrary_sequences_keep_every_invariant(inputs: list[tuple[Input, float]]) -> None:
+    # Whatever happened before, a vanished peer always ends with the stream released
+    # (run() audits Open/Release pairing after every step).
+    s, _ = run([*inputs, (PeerGone(), 1e9)])
+    assert not s.stream_held
+    assert s.state is State.CLOSED
+
+
+@settings(max_examples=300, deadline=None)
+@given(input_sequences())
+def test_client_inputs_alone_never_cause_a_server_error(inputs: list[tuple[Input, float]]) -> None:
+    client_only = [(i, t) for i, t in inputs if isinstance(i, TextReceived | BinaryReceived)]
+    s, _ = run(client_only)
+    assert s.error is None or s.error.code.close_code != 4500
+
+
+def _fragment_text(data: str, cuts: list[int], as_bytes: bool) -> list[Input]:
+    raw: str | bytes = data.encode() if as_bytes else data
+    points = sorted({min(c, len(raw)) for c in cuts})
+    pieces = [raw[a:b] for a, b in zip([0, *points], [*points, len(raw)], strict=True)]
+    return [TextReceived(data=p, final=i == len(pieces) - 1) for i, p in enumerate(pieces)]
+
+
+def _fragment_binary(data: bytes, cuts: list[int]) -> list[Input]:
+    points = sorted({min(c, len(data)) for c in cuts})
+    pieces = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
+    return [BinaryReceived(data=p, final=i == len(pieces) - 1) for i, p in enumerate(pieces)]
+
+
+@st.composite
+def scripts(draw: st.DrawFn) -> list[Input]:
+    """Whole client messages and engine answers: a plausible conversation, sometimes broken."""
+    out: list[Input] = [TextReceived(data=draw(valid_start)), EngineOpened()]
+    for _ in range(draw(st.integers(0, 12))):
+        choice = draw(st.integers(0, 5))
+        if choice < 3:
+            size = draw(st.integers(1, 400)) * 2
+            if draw(st.integers(0, 20)) == 0:
+                size += 1
+            out.append(BinaryReceived(data=draw(st.binary(min_size=size, max_size=size))))
+        elif choice == 3:
+            out.append(draw(st.builds(EnginePartial, text=transcripts)))
+        elif choice == 4:
+            out.append(draw(st.builds(EngineEndpoint, text=transcripts)))
+        else:
+            out.extend(draw(client_messages()))
+    out.append(TextReceived(data='{"type":"end"}'))
+    out.append(EngineFinal(text=draw(transcripts)))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(script=scripts(), data=st.data())
+def test_fragmenting_messages_changes_nothing(script: list[Input], data: st.DataObject) -> None:
+    whole = [(item, 1.0) for item in script]
+    split: list[tuple[Input, float]] = []
+    for item in script:
+        if isinstance(item, TextReceived) and item.final and isinstance(item.data, str):
+            byte_by_byte = data.draw(st.booleans())
+            if byte_by_byte:
+                cuts = list(range(1, len(item.data.encode())))
+                parts = _fragment_text(item.data, cuts, as_bytes=True)
+            else:
+                cuts = data.draw(st.lists(st.integers(0, len(item.data)), max_size=4))
+                parts = _fragment_text(item.data, cuts, as_bytes=data.draw(st.booleans()))
+        elif isinstance(item, BinaryReceived) and item.final:
+            cuts = data.draw(st.lists(st.integers(0, len(item.data)), max_size=4))
+            parts = _fragment_binary(item.data, cuts)
+        else:
+            parts = [item]
+        split.extend((p, 1.0) for p in parts)
+    _, expected = run(whole)
+    _, got = run(split)
+    assert got == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    audio=st.binary(min_size=0, max_size=6000).map(lambda b: b[: len(b) // 2 * 2]),
+    cuts=st.lists(st.integers(0, 6000), max_size=20),
+)
+def test_a_pcm_stream_split_anywhere_is_accepted_identically(audio: bytes, cuts: list[int]) -> None:
+    points = sorted({c // 2 * 2 for c in cuts if 0 < c < len(audio)})
+    frames = [audio[a:b] for a, b in zip([0, *points], [*points, len(audio)], strict=True)]
+    frames = [f for f in frames if f]
+    s = session_in(State.STREAMING)
+    fed = b""
+    for frame in frames:
+        s.handle(BinaryReceived(data=frame), 1.0)
+        for action in s.pull_actions():
+            assert isinstance(action, Feed)
+            fed += action.pcm
+    assert fed == audio
+    assert s.samples == len(audio) // 2 and s.frames == len(frames)
+    s.handle(TextReceived(data='{"type":"end"}'), 1.0)
+    s.handle(EngineFinal(text=""), 1.0)
+    stats = [a.event for a in s.pull_actions() if isinstance(a, Send)][-1]
+    assert isinstance(stats, Stats)
+    assert stats.audio_seconds == len(audio) / 2 / 16000
+    assert stats.frames == len(frames)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(driver_inputs, st.builds(EnginePartial, text=transcripts)), max_size=30))
+def test_revisions_strictly_increase_whatever_the_engine_says(engine: list[Input]) -> None:
+    s = session_in(State.STREAMING, word_timestamps=True)
+    revisions = []
+    for item in [*engine, TextReceived(data='{"type":"end"}'), EngineFinal(text="x")]:
+        s.handle(item, 1.0)
+        for action in s.pull_actions():
+            if isinstance(action, Send):
+                revision = json.loads(action.event.to_json()).get("revision")
+                if revision is not None:
+                    revisions.append(revision)
+    assert revisions == list(range(1, len(revisions) + 1))
