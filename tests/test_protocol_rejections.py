@@ -33,7 +33,7 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
 OPEN_STATES = [State.AWAITING_START, State.OPENING, State.STREAMING, State.FLUSHING]
 
 
-def _rows() -> list[tuple[str, str, str, str]]:
+def rejection_rows() -> list[tuple[str, str, str, str]]:
     text = DOC.read_text(encoding="utf-8")
     section = text[text.index("## Rejections") :]
     section = section[: section.index("\n## ", 4)]
@@ -95,7 +95,7 @@ def _inputs(source: str, now: float) -> list[tuple[Input, float]]:
     return out
 
 
-ROWS = _rows()
+ROWS = rejection_rows()
 CASES = [
     pytest.param(state, source, code, close, id=f"{state}:{source}")
     for st, source, code, close in ROWS

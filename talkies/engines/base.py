@@ -1,0 +1,85 @@
+"""The two faces of an engine: the synchronous adapter and the async stream transports use."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
+
+from ..protocol import EngineEndpoint, EngineFailed, EngineFinal, EnginePartial, ErrorCode
+from ..protocol.messages import StartOptions
+
+__all__ = [
+    "EngineEvent",
+    "EngineStream",
+    "EngineUpdate",
+    "NoModels",
+    "Recognition",
+    "Refusal",
+    "StreamProvider",
+]
+
+EngineUpdate = EnginePartial | EngineEndpoint
+EngineEvent = EnginePartial | EngineEndpoint | EngineFinal | EngineFailed
+
+
+class Recognition(Protocol):
+    """One decoding stream on a loaded model, driven from one worker thread at a time.
+
+    Word times are seconds from the first sample given to ``accept``.
+    """
+
+    def accept(self, pcm: bytes) -> Sequence[EngineUpdate]:
+        """Decode PCM16LE mono 16 kHz samples; return what changed (partials, endpoints)."""
+        ...
+
+    def finish(self) -> EngineFinal:
+        """Flush the decoder: the transcript of the audio after the last endpoint."""
+        ...
+
+    def close(self) -> None:
+        """Free the stream's native resources. Called once, after any accept/finish."""
+        ...
+
+
+class Refusal(Exception):
+    """The provider will not open this stream; ``code`` is the contract's error code."""
+
+    def __init__(self, code: ErrorCode, detail: str) -> None:
+        super().__init__(f"{code.value}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+class EngineStream(Protocol):
+    """An open engine stream as the event loop sees it."""
+
+    async def feed(self, pcm: bytes) -> None:
+        """Queue audio; waits while the queue is full (backpressure to the client)."""
+        ...
+
+    async def flush(self) -> None:
+        """Ask for the final result; ``events()`` ends with an EngineFinal."""
+        ...
+
+    def events(self) -> AsyncIterator[EngineEvent]:
+        """Results in order; ends after EngineFinal or EngineFailed."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the stream and its slot. Idempotent; waits for in-flight decoding."""
+        ...
+
+
+class StreamProvider(Protocol):
+    """Resolves a model slug to an open stream (the model pool, in a full server)."""
+
+    async def open_stream(self, options: StartOptions) -> EngineStream:
+        """Open a stream or raise :class:`Refusal`."""
+        ...
+
+
+class NoModels:
+    """A provider with an empty registry: every slug is unknown."""
+
+    async def open_stream(self, options: StartOptions) -> EngineStream:
+        raise Refusal(ErrorCode.UNKNOWN_MODEL, f"unknown model {options.model!r}")

@@ -1,0 +1,234 @@
+"""Run one live-ASR session over a message channel: the glue between core, socket and engine.
+
+A :class:`StreamDriver` owns three activities in one task group:
+- the reader: ``channel.receive()`` -> ``session.handle`` -> execute actions. It reads the next
+  message only after the previous one's actions ran, so a full engine queue (``Feed`` waits)
+  stops reading and pushes back on the client's TCP window;
+- the engine loop, started once the stream opens: engine results -> ``session.handle``;
+- the timer: sleeps until ``session.deadline`` and delivers ``Tick``.
+All three run on the event loop; decoding happens in worker threads behind the engine stream.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+import anyio
+import anyio.abc
+
+from ..engines.base import EngineStream, Refusal, StreamProvider
+from ..protocol import (
+    Action,
+    BinaryReceived,
+    Close,
+    EngineFailed,
+    EngineOpened,
+    Feed,
+    Flush,
+    Input,
+    Open,
+    PeerGone,
+    Refused,
+    Release,
+    Send,
+    ShuttingDown,
+    State,
+    StreamSession,
+    TextReceived,
+    Tick,
+)
+from ..protocol.messages import StartOptions
+
+__all__ = ["Channel", "StreamDriver"]
+
+log = logging.getLogger("talkies.transport")
+
+
+class Channel(Protocol):
+    """A WebSocket as the driver needs it; implementations swallow transport errors."""
+
+    async def receive(self) -> TextReceived | BinaryReceived | PeerGone:
+        """The next message fragment, or PeerGone once the peer closed or vanished."""
+        ...
+
+    async def send_text(self, text: str) -> None: ...
+
+    async def close(self, code: int, reason: str) -> None:
+        """Start the closing handshake (send a close frame)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close the connection now (TCP close, or the ASGI equivalent)."""
+        ...
+
+
+class StreamDriver:
+    """Drive ``session`` over ``channel``, opening engine streams from ``provider``."""
+
+    def __init__(
+        self,
+        session: StreamSession,
+        channel: Channel,
+        provider: StreamProvider,
+        *,
+        close_timeout: float = 5.0,
+    ) -> None:
+        self.session = session
+        self._channel = channel
+        self._provider = provider
+        self._close_timeout = close_timeout
+        self._stream: EngineStream | None = None
+        self._closing_stream: EngineStream | None = None
+        self._open_scope: anyio.CancelScope | None = None
+        self._released = False
+        self._peer_gone = False
+        self._closing = False
+        self._deadline_changed = anyio.Event()
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    # -- entry points ------------------------------------------------------------------------
+
+    async def run(self, first: Input | None = None) -> None:
+        """Serve the connection until it is closed; ``first`` is a transport fact such as
+        AuthRejected or Refused to deliver before reading anything."""
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                tg.start_soon(self._timer_loop)
+                if first is not None:
+                    await self._handle(first)
+                await self._reader_loop()
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                if self.session.state is not State.CLOSED:
+                    # Cancelled from outside, or a bug: the session still learns the peer is
+                    # gone, so its engine stream is released like on every other path.
+                    self.session.handle(PeerGone(), anyio.current_time())
+                    self.session.pull_actions()
+                    self._release()
+                if self._closing_stream is not None:
+                    await self._close_stream()
+                await self._channel.aclose()
+
+    async def shutdown(self) -> None:
+        """The server's grace period is over: close with 1001."""
+        await self._handle(ShuttingDown())
+
+    # -- the three activities ----------------------------------------------------------------
+
+    async def _reader_loop(self) -> None:
+        while not self._peer_gone:
+            message = await self._channel.receive()
+            if isinstance(message, PeerGone):
+                self._peer_gone = True
+            await self._handle(message)
+
+    async def _timer_loop(self) -> None:
+        while True:
+            deadline = self.session.deadline
+            changed = self._deadline_changed
+            if deadline is None:
+                await changed.wait()
+            else:
+                with anyio.move_on_after(deadline - anyio.current_time()):
+                    await changed.wait()
+                    continue
+                await self._handle(Tick())
+            if changed.is_set():
+                self._deadline_changed = anyio.Event()
+
+    async def _engine_loop(self, stream: EngineStream) -> None:
+        try:
+            async for event in stream.events():
+                if self._released:
+                    break
+                await self._handle(event)
+        except Exception:
+            log.exception("engine stream failed")
+            await self._handle(EngineFailed(detail="the speech engine failed"))
+
+    async def _open(self, options: StartOptions) -> None:
+        outcome: EngineStream | Refused | EngineFailed | None = None
+        with anyio.CancelScope() as scope:
+            self._open_scope = scope
+            try:
+                outcome = await self._provider.open_stream(options)
+            except Refusal as refusal:
+                outcome = Refused(code=refusal.code, detail=refusal.detail)
+            except Exception:
+                log.exception("could not open an engine stream for %r", options.model)
+                outcome = EngineFailed(detail="the speech engine could not be opened")
+        # Outside the scope: handling the outcome may Release, which cancels that scope.
+        self._open_scope = None
+        if outcome is None:
+            return  # released (peer gone, cancel) while the model was opening
+        if isinstance(outcome, Refused | EngineFailed):
+            await self._handle(outcome)
+            return
+        if self._released:
+            await outcome.aclose()  # the client left just as the stream opened
+            return
+        self._stream = outcome
+        assert self._tg is not None
+        self._tg.start_soon(self._engine_loop, outcome)
+        await self._handle(EngineOpened())
+
+    # -- inputs and actions ------------------------------------------------------------------
+
+    async def _handle(self, item: Input) -> None:
+        before = self.session.deadline
+        self.session.handle(item, anyio.current_time())
+        actions = self.session.pull_actions()  # no await in between: these are ours to run
+        if self.session.deadline != before:
+            self._deadline_changed.set()
+        await self._apply(actions)
+
+    async def _apply(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Feed):
+                if self._stream is not None:
+                    await self._stream.feed(action.pcm)
+            elif isinstance(action, Send):
+                await self._channel.send_text(action.event.to_json())
+            elif isinstance(action, Open):
+                assert self._tg is not None
+                self._tg.start_soon(self._open, action.options)
+            elif isinstance(action, Flush):
+                if self._stream is not None:
+                    await self._stream.flush()
+            elif isinstance(action, Release):
+                self._release()
+            elif isinstance(action, Close):
+                await self._close(int(action.code), action.reason)
+
+    def _release(self) -> None:
+        self._released = True
+        if self._open_scope is not None:
+            self._open_scope.cancel()
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            self._closing_stream = stream
+            # In the background: closing waits for a decode in flight, and the client should
+            # get its stats and close now. run() still waits for it before the connection
+            # counts as gone, so the slot is free only when the engine really is.
+            if self._tg is not None and not self._tg.cancel_scope.cancel_called:
+                self._tg.start_soon(self._close_stream)
+
+    async def _close_stream(self) -> None:
+        stream, self._closing_stream = self._closing_stream, None
+        if stream is not None:
+            await stream.aclose()
+
+    async def _close(self, code: int, reason: str) -> None:
+        self._closing = True
+        await self._channel.close(code, reason)
+        if self._tg is not None and not self._peer_gone:
+            self._tg.start_soon(self._close_timer)
+
+    async def _close_timer(self) -> None:
+        # Spec clients (websockets) wait for the server to close TCP after the handshake;
+        # a client that never answers our close frame gets the connection closed anyway.
+        await anyio.sleep(self._close_timeout)
+        await self._channel.aclose()

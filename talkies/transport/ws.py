@@ -1,0 +1,137 @@
+"""The driver's :class:`~talkies.transport.driver.Channel` over wsproto and an anyio stream."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import anyio
+import anyio.abc
+from wsproto.connection import Connection, ConnectionState, ConnectionType
+from wsproto.events import (
+    BytesMessage,
+    CloseConnection,
+    Event,
+    Message,
+    Ping,
+    TextMessage,
+)
+from wsproto.frame_protocol import CloseReason
+from wsproto.utilities import LocalProtocolError
+
+from ..protocol import BinaryReceived, PeerGone, TextReceived
+
+__all__ = ["WsprotoChannel"]
+
+log = logging.getLogger("talkies.transport")
+
+_TRANSPORT_ERRORS = (
+    anyio.EndOfStream,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    OSError,
+)
+# wsproto validates UTF-8 in text frames itself and reports it as this close code; the
+# contract wants invalid_json (4400) with an error object instead (docs/protocol.md).
+_INVALID_UTF8 = CloseReason.INVALID_FRAME_PAYLOAD_DATA
+_UNDECODABLE = b"\xff"
+
+
+class WsprotoChannel:
+    """One server-side WebSocket after the HTTP upgrade (no extensions negotiated)."""
+
+    def __init__(
+        self,
+        stream: anyio.abc.ByteStream,
+        trailing_data: bytes = b"",
+        *,
+        read_size: int = 65536,
+        send_timeout: float = 30.0,
+    ) -> None:
+        self._stream = stream
+        self._ws = Connection(ConnectionType.SERVER, trailing_data=trailing_data)
+        self._events: Iterator[Event] = iter(())
+        self._read_size = read_size
+        self._send_timeout = send_timeout
+        self._send_lock = anyio.Lock()
+        self._gone = False
+        self._broken = False  # wsproto's parser failed: nothing more can be read
+
+    async def receive(self) -> TextReceived | BinaryReceived | PeerGone:
+        while not self._gone:
+            for event in self._events:
+                message = await self._on_event(event)
+                if message is not None:
+                    return message
+                if self._gone:
+                    break
+            if self._gone:
+                break
+            try:
+                data = await self._stream.receive(self._read_size)
+            except _TRANSPORT_ERRORS:
+                await self.aclose()
+                break
+            self._ws.receive_data(data)
+            self._events = self._ws.events()
+        return PeerGone()
+
+    async def _on_event(self, event: Event) -> TextReceived | BinaryReceived | None:
+        if isinstance(event, TextMessage):
+            return TextReceived(data=event.data, final=event.message_finished)
+        if isinstance(event, BytesMessage):
+            return BinaryReceived(data=bytes(event.data), final=event.message_finished)
+        if isinstance(event, Ping):
+            # Answered at once, whatever the decoder is doing.
+            await self._send_event(event.response())
+            return None
+        if isinstance(event, CloseConnection):
+            if self._ws.state in (ConnectionState.OPEN, ConnectionState.LOCAL_CLOSING):
+                # Not the peer's close: wsproto's parser failed on what the peer sent.
+                self._broken = True
+                self._events = iter(())
+                if event.code == _INVALID_UTF8 and self._ws.state is ConnectionState.OPEN:
+                    return TextReceived(data=_UNDECODABLE)
+                log.info("websocket protocol error: %s (%s)", event.reason, event.code)
+                await self._send_event(CloseConnection(code=event.code, reason=""))
+                await self.aclose()
+                return None
+            if self._ws.state is ConnectionState.REMOTE_CLOSING:
+                # The peer started the handshake: answer, then close TCP at once.
+                await self._send_event(event.response())
+            await self.aclose()
+            return None
+        return None  # Pong
+
+    async def send_text(self, text: str) -> None:
+        await self._send_event(Message(data=text))
+
+    async def close(self, code: int, reason: str) -> None:
+        if self._ws.state is ConnectionState.OPEN:
+            await self._send_event(CloseConnection(code=code, reason=reason))
+        if self._broken:
+            await self.aclose()  # nothing more can be parsed; don't wait for an answer
+
+    async def _send_event(self, event: Event) -> None:
+        if self._gone:
+            return
+        try:
+            data = self._ws.send(event)
+        except LocalProtocolError:
+            return  # the connection is closing: nothing more may be sent
+        async with self._send_lock:
+            with anyio.move_on_after(self._send_timeout) as scope:
+                try:
+                    await self._stream.send(data)
+                except _TRANSPORT_ERRORS:
+                    await self.aclose()
+            if scope.cancelled_caught:
+                # The client stopped reading; holding its events in memory is not an option.
+                log.info("client stopped reading for %.0f s; closing", self._send_timeout)
+                await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._gone:
+            return
+        self._gone = True
+        await anyio.aclose_forcefully(self._stream)

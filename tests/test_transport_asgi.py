@@ -1,0 +1,149 @@
+"""The same session inside uvicorn and hypercorn through the ASGI adapter."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .fake_engine import silence, speech
+from .wire import START, drain, open_stream, ws_connect
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+HOSTS = {
+    "uvicorn": lambda port: [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "tests.asgi_app:app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--ws-max-size",
+        "4096",
+        "--ws-per-message-deflate",
+        "false",
+        "--log-level",
+        "warning",
+    ],
+    "uvicorn-wsproto": lambda port: [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "tests.asgi_app:app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--ws",
+        "wsproto",
+        "--log-level",
+        "warning",
+    ],
+    "hypercorn": lambda port: [
+        sys.executable,
+        "-m",
+        "hypercorn",
+        "tests.asgi_app:app",
+        "--bind",
+        f"127.0.0.1:{port}",
+    ],
+}
+
+
+@pytest.fixture(params=list(HOSTS), scope="module")
+def asgi_host(request: pytest.FixtureRequest) -> Iterator[str]:
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TALKIES_")}
+    env |= {
+        "PYTHONPATH": str(ROOT),
+        "TALKIES_AUTH_TOKEN": "tok",
+        "TALKIES_STREAM_MAX_CONNECTIONS": "2",
+    }
+    proc = subprocess.Popen(HOSTS[request.param](port), cwd=ROOT, env=env)
+    base = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://{base}/healthz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        else:
+            raise AssertionError(f"{request.param} did not start")
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+AUTH = {"Authorization": "Bearer tok"}
+
+
+def _url(base: str) -> str:
+    return f"ws://{base}/v1/audio/transcriptions/stream"
+
+
+def test_happy_path(asgi_host: str) -> None:
+    ws = open_stream(_url(asgi_host), additional_headers=AUTH)
+    audio = speech(0.6) + silence(0.4)
+    for i in range(0, len(audio), 640):
+        ws.send(audio[i : i + 640])
+    ws.send(json.dumps({"type": "end"}))
+    events, code, _ = drain(ws)
+    assert [e["type"] for e in events][-2:] == ["final", "stats"]
+    assert events[-1]["frames"] == len(audio) // 640
+    assert code == 1000
+
+
+def test_auth_and_rejections(asgi_host: str) -> None:
+    assert drain(ws_connect(_url(asgi_host)))[:2] == ([], 4401)
+    for message, code in [
+        ("nope", "invalid_json"),
+        (json.dumps({**START, "sample_rate": 8000}), "unsupported_sample_rate"),
+        (json.dumps({**START, "model": "no-such"}), "unknown_model"),
+    ]:
+        ws = ws_connect(_url(asgi_host), additional_headers=AUTH)
+        ws.send(message)
+        events, close, _ = drain(ws)
+        assert [e["code"] for e in events] == [code]
+        assert close == {"unknown_model": 4404}.get(code, 4400)
+    ws = open_stream(_url(asgi_host), additional_headers=AUTH)
+    ws.send(b"\x00")
+    events, close, _ = drain(ws)
+    assert [e["code"] for e in events] == ["unaligned_audio"] and close == 4400
+
+
+def test_connection_limit(asgi_host: str) -> None:
+    a = open_stream(_url(asgi_host), additional_headers=AUTH)
+    b = open_stream(_url(asgi_host), additional_headers=AUTH)
+    c = ws_connect(_url(asgi_host), additional_headers=AUTH)
+    events, close, _ = drain(c)
+    assert [e["code"] for e in events] == ["connection_limit"] and close == 4429
+    for ws in (a, b):
+        ws.send(json.dumps({"type": "cancel"}))
+        assert drain(ws)[1] == 1000
+
+
+def test_http_routes(asgi_host: str) -> None:
+    assert httpx.get(f"http://{asgi_host}/healthz").json() == {"status": "ok"}
+    assert httpx.get(f"http://{asgi_host}/nope").status_code == 401
+    assert httpx.get(f"http://{asgi_host}/nope", headers=AUTH).status_code == 404
