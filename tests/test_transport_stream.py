@@ -173,3 +173,16 @@ def test_many_clients_in_parallel(server: RunningServer) -> None:
             t.join()
         assert results == [1000] * 16
         many.wait_idle()
+
+
+def test_activity_keeps_the_stream_alive_past_the_idle_timeout() -> None:
+    with run_server(stream_idle_timeout=1.0) as server:
+        ws = open_stream(server.url)
+        started = time.monotonic()
+        while time.monotonic() - started < 2.5:
+            ws.send(silence(0.02))
+            time.sleep(0.3)
+        events, code, _ = drain(ws, timeout=5)  # now silent: times out a second later
+        assert [e["code"] for e in events] == ["idle_timeout"] and code == 4408
+        assert time.monotonic() - started >= 3.0
+        server.wait_idle()

@@ -127,17 +127,21 @@ class StreamDriver:
 
     async def _timer_loop(self) -> None:
         while True:
-            deadline = self.session.deadline
             changed = self._deadline_changed
+            if changed.is_set():
+                self._deadline_changed = changed = anyio.Event()
+            deadline = self.session.deadline
             if deadline is None:
                 await changed.wait()
-            else:
-                with anyio.move_on_after(deadline - anyio.current_time()):
+                continue
+            delay = deadline - anyio.current_time()
+            if delay > 0:
+                # Woken early only when the deadline moved earlier (see _handle); a deadline
+                # pushed later by client activity is noticed when this sleep ends.
+                with anyio.move_on_after(delay):
                     await changed.wait()
-                    continue
-                await self._handle(Tick())
-            if changed.is_set():
-                self._deadline_changed = anyio.Event()
+                continue
+            await self._handle(Tick())
 
     async def _engine_loop(self, stream: EngineStream) -> None:
         try:
@@ -181,8 +185,9 @@ class StreamDriver:
         before = self.session.deadline
         self.session.handle(item, anyio.current_time())
         actions = self.session.pull_actions()  # no await in between: these are ours to run
-        if self.session.deadline != before:
-            self._deadline_changed.set()
+        after = self.session.deadline
+        if after is not None and (before is None or after < before):
+            self._deadline_changed.set()  # the timer sleeps too long: wake it
         await self._apply(actions)
 
     async def _apply(self, actions: list[Action]) -> None:
