@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from talkies.protocol import (  # noqa: E402
+from talkies.protocol import (
     BinaryReceived,
     EngineOpened,
     SessionLimits,

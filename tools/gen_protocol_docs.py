@@ -1,7 +1,7 @@
 """Regenerate the state diagram and transition table in docs/protocol.md from the code.
 
-    python tools/gen_protocol_docs.py          # rewrite the generated blocks
-    python tools/gen_protocol_docs.py --check  # exit 1 if they are stale (used by the tests)
+python tools/gen_protocol_docs.py          # rewrite the generated blocks
+python tools/gen_protocol_docs.py --check  # exit 1 if they are stale (used by the tests)
 """
 
 from __future__ import annotations

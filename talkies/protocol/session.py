@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .actions import Action, Close, Feed, Flush, Open, Release, Send
 from .errors import CloseCode, ErrorCode, ProtocolError
@@ -395,7 +395,11 @@ class StreamSession:
 
     def _words(self, words: tuple[Word, ...]) -> tuple[Word, ...]:
         assert self.options is not None
-        return words if self.options.word_timestamps else ()
+        if not self.options.word_timestamps:
+            return ()
+        if all(w.word.isascii() for w in words):
+            return words
+        return tuple(replace(w, word=_clean_text(w.word)) for w in words)
 
     def _send_transcript(
         self, cls: type[TranscriptEvent], text: str, words: tuple[Word, ...]
