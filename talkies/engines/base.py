@@ -12,8 +12,10 @@ __all__ = [
     "EngineEvent",
     "EngineStream",
     "EngineUpdate",
+    "LoadedModel",
     "NoModels",
     "Recognition",
+    "RecognitionModel",
     "Refusal",
     "StreamProvider",
 ]
@@ -68,6 +70,35 @@ class EngineStream(Protocol):
     async def aclose(self) -> None:
         """Release the stream and its slot. Idempotent; waits for in-flight decoding."""
         ...
+
+
+class LoadedModel(Protocol):
+    """A model held in memory by the pool; opens any number of streams on it."""
+
+    async def open_stream(self, options: StartOptions, *, max_buffered_bytes: int) -> EngineStream:
+        """A new stream; runs on the event loop, so it must not block (no decoding here)."""
+        ...
+
+    def close(self) -> None:
+        """Free the model. Called from a worker thread, after every stream was closed."""
+        ...
+
+
+class RecognitionModel:
+    """A :class:`LoadedModel` for engines whose streams are plain :class:`Recognition` objects:
+    each stream is run by a :class:`~talkies.engines.runner.ThreadedStream`."""
+
+    def recognition(self, options: StartOptions) -> Recognition:
+        """Create a stream's decoder state (cheap; called on the event loop)."""
+        raise NotImplementedError
+
+    async def open_stream(self, options: StartOptions, *, max_buffered_bytes: int) -> EngineStream:
+        from .runner import ThreadedStream
+
+        return ThreadedStream(self.recognition(options), max_buffered_bytes=max_buffered_bytes)
+
+    def close(self) -> None:
+        return None
 
 
 class StreamProvider(Protocol):

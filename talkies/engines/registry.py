@@ -1,0 +1,188 @@
+"""The model registry: built-in entries plus ``TALKIES_MODELS_FILE``, validated at start-up.
+
+An entry names a model slug, the executor that runs it, and where its files come from: a
+Hugging Face ``repo`` pinned to an immutable 40-hex ``revision`` (downloaded into
+``<TALKIES_DATA_DIR>/models/<slug>``), or a local ``path``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from ..protocol.messages import MODEL_SLUG
+
+__all__ = [
+    "EXECUTORS",
+    "SHERPA_FACTORIES",
+    "STREAMING_EXECUTORS",
+    "ModelEntry",
+    "RegistryError",
+]
+
+# Executors that implement the live-ASR protocol (spec: "Backend behaviour and pinning").
+STREAMING_EXECUTORS = frozenset({"parakeet_cpp", "sherpa", "vosk", "whisper"})
+# Valid registry entries that do not stream: a start on one gets streaming_not_supported.
+OFFLINE_EXECUTORS = frozenset(
+    {"parakeet", "canary_multitask", "canary_salm", "sherpa_offline_ctc", "wav2vec2_phoneme"}
+)
+EXECUTORS = STREAMING_EXECUTORS | OFFLINE_EXECUTORS
+SHERPA_FACTORIES = frozenset(
+    {"from_transducer", "from_paraformer", "from_wenet_ctc", "from_zipformer2_ctc"}
+)
+_REVISION = re.compile(r"[0-9a-f]{40}")
+_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+class RegistryError(ValueError):
+    """The registry is invalid; ``problems`` names each slug and field."""
+
+    def __init__(self, problems: Iterable[str]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("\n".join(self.problems))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelEntry:
+    slug: str
+    executor: str
+    repo: str | None = None
+    revision: str | None = None
+    path: Path | None = None
+    # Files to fetch from the repo (huggingface_hub allow_patterns); None fetches all.
+    allow_patterns: tuple[str, ...] | None = None
+    recognizer_factory: str | None = None  # sherpa only
+    sherpa_config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    max_concurrency: int | None = None  # None: TALKIES_MODEL_MAX_CONCURRENCY
+    # Engine knobs that are not part of the common schema (whisper refresh period, ...).
+    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    description: str = ""
+
+    @property
+    def streaming(self) -> bool:
+        return self.executor in STREAMING_EXECUTORS
+
+    def problems(self) -> list[str]:
+        """Everything wrong with this entry, each naming the slug and the field."""
+        out: list[str] = []
+        where = f"model {self.slug!r}"
+        if MODEL_SLUG.fullmatch(self.slug) is None:
+            out.append(f"{where}: slug must be 1-128 of A-Z a-z 0-9 . _ -")
+        if self.executor not in EXECUTORS:
+            out.append(
+                f"{where}: executor {self.executor!r} is not one of {', '.join(sorted(EXECUTORS))}"
+            )
+        if (self.repo is None) == (self.path is None):
+            out.append(f"{where}: give either repo + revision, or path")
+        if self.repo is not None:
+            if _REPO.fullmatch(self.repo) is None:
+                out.append(f"{where}: repo {self.repo!r} must look like 'org/name'")
+            if self.revision is None or _REVISION.fullmatch(self.revision) is None:
+                out.append(
+                    f"{where}: revision must be an immutable 40-hex commit id, got "
+                    f"{self.revision!r}"
+                )
+        elif self.revision is not None:
+            out.append(f"{where}: revision is only meaningful with repo")
+        if self.executor == "sherpa":
+            if not self.sherpa_config:
+                out.append(f"{where}: sherpa_config must be a non-empty object")
+            if self.recognizer_factory not in SHERPA_FACTORIES:
+                out.append(
+                    f"{where}: recognizer_factory must be one of "
+                    f"{', '.join(sorted(SHERPA_FACTORIES))}, got {self.recognizer_factory!r}"
+                )
+        elif self.recognizer_factory is not None or self.sherpa_config:
+            out.append(f"{where}: recognizer_factory and sherpa_config are for sherpa only")
+        if self.max_concurrency is not None and not (
+            type(self.max_concurrency) is int and 1 <= self.max_concurrency <= 1024
+        ):
+            out.append(f"{where}: max_concurrency must be an integer from 1 to 1024")
+        return out
+
+
+_FIELDS = {
+    "executor",
+    "repo",
+    "revision",
+    "path",
+    "allow_patterns",
+    "recognizer_factory",
+    "sherpa_config",
+    "max_concurrency",
+    "options",
+    "description",
+}
+
+
+def entry_from_json(slug: str, raw: Any, base: Path) -> tuple[ModelEntry | None, list[str]]:
+    """Build an entry from one models.json value; relative paths resolve against ``base``."""
+    where = f"model {slug!r}"
+    if not isinstance(raw, dict):
+        return None, [f"{where}: must be a JSON object"]
+    problems = [f"{where}: unknown field {k!r}" for k in raw if k not in _FIELDS]
+    kinds: dict[str, type | tuple[type, ...]] = {
+        "executor": str,
+        "repo": str,
+        "revision": str,
+        "path": str,
+        "allow_patterns": list,
+        "recognizer_factory": str,
+        "sherpa_config": dict,
+        "max_concurrency": int,
+        "options": dict,
+        "description": str,
+    }
+    for key, kind in kinds.items():
+        if key in raw and (not isinstance(raw[key], kind) or isinstance(raw[key], bool)):
+            problems.append(f"{where}: field {key!r} has the wrong JSON type")
+    if "executor" not in raw:
+        problems.append(f"{where}: missing field 'executor'")
+    patterns = raw.get("allow_patterns")
+    if isinstance(patterns, list) and not all(isinstance(p, str) and p for p in patterns):
+        problems.append(f"{where}: allow_patterns must be a list of non-empty strings")
+    if problems:
+        return None, problems
+    path = raw.get("path")
+    entry = ModelEntry(
+        slug=slug,
+        executor=raw["executor"],
+        repo=raw.get("repo"),
+        revision=raw.get("revision"),
+        path=(base / path).resolve() if path is not None else None,
+        allow_patterns=tuple(patterns) if patterns is not None else None,
+        recognizer_factory=raw.get("recognizer_factory"),
+        sherpa_config=MappingProxyType(dict(raw.get("sherpa_config", {}))),
+        max_concurrency=raw.get("max_concurrency"),
+        options=MappingProxyType(dict(raw.get("options", {}))),
+        description=raw.get("description", ""),
+    )
+    return entry, entry.problems()
+
+
+def load_models_file(path: Path) -> dict[str, ModelEntry]:
+    """Parse and validate a ``models.json``: ``{"models": {slug: entry, ...}}``."""
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise RegistryError([f"TALKIES_MODELS_FILE {str(path)!r}: cannot read: {exc}"]) from exc
+    except ValueError as exc:
+        raise RegistryError([f"TALKIES_MODELS_FILE {str(path)!r}: not JSON: {exc}"]) from exc
+    if not isinstance(document, dict) or not isinstance(document.get("models"), dict):
+        raise RegistryError([f"{path}: must be an object with a 'models' object"])
+    extra = [k for k in document if k != "models"]
+    problems = [f"{path}: unknown top-level field {k!r}" for k in extra]
+    entries: dict[str, ModelEntry] = {}
+    for slug, raw in document["models"].items():
+        entry, found = entry_from_json(slug, raw, path.parent)
+        problems.extend(found)
+        if entry is not None and not found:
+            entries[slug] = entry
+    if problems:
+        raise RegistryError(problems)
+    return entries
