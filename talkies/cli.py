@@ -1,21 +1,23 @@
-"""``talkies`` command line: ``talkies serve``."""
+"""``talkies`` command line: ``serve``, ``models list|pull|import-ct2``."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
 import ssl
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import anyio
 
 from . import __version__
 from .config import ConfigError, Settings
+from .engines.registry import RegistryError
 from .logs import configure
-from .transport.server import Server, ServerOptions
 
 __all__ = ["main"]
 
@@ -38,6 +40,18 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds active streams may finish after SIGTERM/SIGINT (default 10)",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+
+    models = sub.add_parser("models", help="list, download or import models")
+    msub = models.add_subparsers(dest="models_command", required=True)
+    listing = msub.add_parser("list", help="configured models: downloaded? streaming?")
+    listing.add_argument("--json", action="store_true", help="one JSON object per model")
+    pull = msub.add_parser("pull", help="download models now (default: every enabled model)")
+    pull.add_argument("slugs", nargs="*")
+    imp = msub.add_parser(
+        "import-ct2", help="convert a faster-whisper (CTranslate2) Whisper folder and register it"
+    )
+    imp.add_argument("directory", type=Path)
+    imp.add_argument("--slug", required=True)
     return parser
 
 
@@ -48,34 +62,95 @@ def _ssl_context(certfile: str, keyfile: str | None) -> ssl.SSLContext:
     return context
 
 
-async def _serve(server: Server, grace: float) -> None:
-    async with anyio.create_task_group() as tg:
-        await tg.start(server.serve)
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for signum in signals:
-                log.info("shutting down", extra={"signal": signal.Signals(signum).name})
-                await server.shutdown(grace)
-                break
+def _settings(args: argparse.Namespace) -> Settings:
+    settings = Settings.from_env(os.environ)
+    pairs = (("host", getattr(args, "host", None)), ("port", getattr(args, "port", None)))
+    overrides = {k: v for k, v in pairs if v is not None}
+    return settings.with_overrides(**overrides) if overrides else settings
+
+
+def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    from .engines.pool import ModelPool, build_registry
+    from .transport.server import Server, ServerOptions
+
+    if args.keyfile and not args.certfile:
+        sys.stderr.write("talkies: --keyfile needs --certfile\n")
+        return 2
+    pool = ModelPool(build_registry(settings), settings)
+    context = _ssl_context(args.certfile, args.keyfile) if args.certfile else None
+    server = Server(
+        settings, pool, ssl_context=context, options=ServerOptions(shutdown_grace=args.grace)
+    )
+
+    async def run() -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(server.serve)
+            tg.start_soon(pool.run_sweeper)
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    log.info("shutting down", extra={"signal": signal.Signals(signum).name})
+                    await server.shutdown(args.grace)
+                    break
+            tg.cancel_scope.cancel()
+        await pool.aclose()
+
+    anyio.run(run)
+    return 0
+
+
+def _models(args: argparse.Namespace, settings: Settings) -> int:
+    from .engines.download import ensure_snapshot
+    from .engines.pool import ModelPool, build_registry, local_registry_path
+
+    if args.models_command == "import-ct2":
+        from .engines.importer import import_ct2
+
+        entry = import_ct2(
+            args.directory, args.slug, settings.data_dir, local_registry_path(settings)
+        )
+        sys.stdout.write(f"registered {entry.slug} at {entry.path}\n")
+        return 0
+    registry = build_registry(settings)
+    if args.models_command == "list":
+        rows = ModelPool(registry, settings, validate=False).status()
+        for row in rows:
+            if args.json:
+                sys.stdout.write(json.dumps(row) + "\n")
+            else:
+                flags = [
+                    "streaming" if row["streaming"] else "offline",
+                    "downloaded" if row["downloaded"] else "not downloaded",
+                ]
+                sys.stdout.write(f"{row['model']:40s} {row['executor']:14s} {', '.join(flags)}\n")
+        return 0
+    slugs = args.slugs or list(registry)
+    unknown = [s for s in slugs if s not in registry]
+    if unknown:
+        sys.stderr.write(f"talkies: unknown models: {', '.join(unknown)}\n")
+        return 2
+    failed = 0
+    for slug in slugs:
+        try:
+            path = ensure_snapshot(registry[slug], settings.data_dir, progress=True)
+        except Exception as exc:
+            sys.stderr.write(f"talkies: {exc}\n")
+            failed += 1
+        else:
+            sys.stdout.write(f"{slug}: {path}\n")
+    return 1 if failed else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    configure(args.log_level)
+    configure(getattr(args, "log_level", "warning"))
     try:
-        settings = Settings.from_env(os.environ)
-        overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-        if overrides:
-            settings = settings.with_overrides(**overrides)
-    except ConfigError as exc:
+        settings = _settings(args)
+        if args.command == "serve":
+            return _serve(args, settings)
+        return _models(args, settings)
+    except (ConfigError, RegistryError) as exc:
         sys.stderr.write(f"talkies: invalid configuration:\n{exc}\n")
         return 2
-    if args.keyfile and not args.certfile:
-        sys.stderr.write("talkies: --keyfile needs --certfile\n")
-        return 2
-    context = _ssl_context(args.certfile, args.keyfile) if args.certfile else None
-    server = Server(settings, ssl_context=context, options=ServerOptions(shutdown_grace=args.grace))
-    anyio.run(_serve, server, args.grace)
-    return 0
 
 
 if __name__ == "__main__":

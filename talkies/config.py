@@ -364,6 +364,8 @@ _VARS: tuple[_Var, ...] = (
         _parse_model_concurrency,
         _check_model_concurrency,
     ),
+    # 0 keeps idle models loaded; otherwise an unpinned model unused this long is unloaded.
+    _duration_var("TALKIES_MODEL_TTL", "model_ttl", 0.0, 7 * 86_400.0),
     _int_var("TALKIES_QWEN3_STREAM_CHUNK_SIZE", "qwen3_stream_chunk_size", 1, 256),
     _Var("TALKIES_HOST", "host", _text, _check_host),
     _int_var("TALKIES_PORT", "port", 0, 65535),
@@ -457,6 +459,7 @@ class Settings:
     model_concurrency: Mapping[str, int] = field(
         default_factory=lambda: MappingProxyType({}), hash=False
     )
+    model_ttl: float = 0.0
     qwen3_stream_chunk_size: int = 8
     host: str = "127.0.0.1"
     port: int = 8000
@@ -467,7 +470,12 @@ class Settings:
 
     def _normalize(self) -> None:
         """Coerce harmless in-code spellings (``30`` for ``30.0``, a dict, a str path)."""
-        for name in ("stream_max_buffer_seconds", "stream_idle_timeout", "stream_max_duration"):
+        for name in (
+            "stream_max_buffer_seconds",
+            "stream_idle_timeout",
+            "stream_max_duration",
+            "model_ttl",
+        ):
             value = getattr(self, name)
             if _is_int(value):
                 object.__setattr__(self, name, float(value))

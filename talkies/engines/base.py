@@ -11,6 +11,7 @@ from ..protocol.messages import StartOptions
 __all__ = [
     "EngineEvent",
     "EngineStream",
+    "EngineUnavailable",
     "EngineUpdate",
     "LoadedModel",
     "NoModels",
@@ -50,6 +51,13 @@ class Refusal(Exception):
         super().__init__(f"{code.value}: {detail}")
         self.code = code
         self.detail = detail
+
+
+class EngineUnavailable(Exception):
+    """The model cannot be served (missing runtime, failed download or load check).
+
+    Its message is written for the client: it becomes the detail of a 4500 ``server_error``.
+    """
 
 
 class EngineStream(Protocol):

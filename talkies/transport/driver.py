@@ -17,7 +17,7 @@ from typing import Protocol
 import anyio
 import anyio.abc
 
-from ..engines.base import EngineStream, Refusal, StreamProvider
+from ..engines.base import EngineStream, EngineUnavailable, Refusal, StreamProvider
 from ..protocol import (
     Action,
     BinaryReceived,
@@ -161,6 +161,9 @@ class StreamDriver:
                 outcome = await self._provider.open_stream(options)
             except Refusal as refusal:
                 outcome = Refused(code=refusal.code, detail=refusal.detail)
+            except EngineUnavailable as exc:
+                log.warning("model %r unavailable: %s", options.model, exc)
+                outcome = EngineFailed(detail=str(exc))
             except Exception:
                 log.exception("could not open an engine stream for %r", options.model)
                 outcome = EngineFailed(detail="the speech engine could not be opened")

@@ -1,0 +1,108 @@
+"""Check a model in a child process before the server loads it.
+
+Native engines can end the whole process on a malformed model (sherpa-onnx exits with status
+255 when metadata is missing): no exception, no cleanup. So the first load of each model runs
+``python -m talkies.engines.validate`` on it: load, open one stream, decode half a second of
+silence, flush. Only a model that survives that is loaded into the server; one that does not
+becomes a clean 4500 for the client and an error in the log.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from .base import EngineUnavailable, LoadedModel
+from .registry import ModelEntry, entry_from_json
+
+__all__ = ["load_model", "validate_in_child"]
+
+_CHECK_AUDIO = bytes(16000)  # 0.5 s of silence
+# Imported only when a model of that executor is loaded: the native libraries are optional.
+_EXECUTOR_MODULES = {
+    "sherpa": "sherpa",
+    "vosk": "vosk",
+    "whisper": "whisper",
+    "parakeet_cpp": "parakeet",
+}
+
+
+def load_model(entry: ModelEntry, root: Path, device: str) -> LoadedModel:
+    """Import the executor's module and load (blocking: call from a worker thread)."""
+    name = _EXECUTOR_MODULES.get(entry.executor)
+    if name is None:
+        raise EngineUnavailable(f"model {entry.slug!r}: executor {entry.executor!r} cannot stream")
+    module = importlib.import_module(f"{__package__}.{name}")
+    model: LoadedModel = module.load(entry, root, device)
+    return model
+
+
+def _entry_json(entry: ModelEntry) -> dict[str, Any]:
+    raw = asdict(entry)
+    raw.pop("slug")
+    raw["path"] = str(entry.path) if entry.path is not None else None
+    raw["allow_patterns"] = list(entry.allow_patterns) if entry.allow_patterns else None
+    raw["sherpa_config"] = dict(entry.sherpa_config)
+    raw["options"] = dict(entry.options)
+    return {k: v for k, v in raw.items() if v is not None}
+
+
+async def validate_in_child(
+    entry: ModelEntry, root: Path, device: str, *, timeout: float = 300.0
+) -> None:
+    """Raise :class:`EngineUnavailable` unless the model loads and decodes in a child."""
+    payload = json.dumps(
+        {"slug": entry.slug, "entry": _entry_json(entry), "root": str(root), "device": device}
+    ).encode()
+    with anyio.move_on_after(timeout) as scope:
+        result = await anyio.run_process(
+            [sys.executable, "-m", "talkies.engines.validate"], input=payload, check=False
+        )
+    if scope.cancelled_caught:
+        raise EngineUnavailable(f"model {entry.slug!r} did not load within {timeout:g} s")
+    if result.returncode != 0:
+        lines = result.stderr.decode("utf-8", "replace").strip().splitlines()
+        last = lines[-1][:300] if lines else "no output"
+        raise EngineUnavailable(
+            f"model {entry.slug!r} failed its load check (exit status {result.returncode}): {last}"
+        )
+
+
+async def _check(entry: ModelEntry, root: Path, device: str) -> None:
+    from ..protocol.messages import StartOptions
+
+    model = await anyio.to_thread.run_sync(load_model, entry, root, device)
+    stream = await model.open_stream(
+        StartOptions(model=entry.slug, word_timestamps=True), max_buffered_bytes=64000
+    )
+    await stream.feed(_CHECK_AUDIO)
+    await stream.flush()
+    async for _event in stream.events():
+        pass
+    await stream.aclose()
+    await anyio.to_thread.run_sync(model.close)
+
+
+def main() -> int:
+    request = json.loads(sys.stdin.buffer.read())
+    root = Path(request["root"])
+    entry, problems = entry_from_json(request["slug"], request["entry"], root)
+    if entry is None or problems:
+        sys.stderr.write(f"invalid entry: {problems}\n")
+        return 2
+    try:
+        anyio.run(_check, entry, root, request["device"])
+    except Exception as exc:
+        sys.stderr.write(f"{type(exc).__name__}: {exc}\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
