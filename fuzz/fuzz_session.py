@@ -1,0 +1,89 @@
+"""Atheris harness: whole ``StreamSession`` lifetimes.
+
+The fuzz bytes decode (``fuzz._oracle.decode_program``) into a program of client messages,
+fragments, engine answers in any order, transport facts and ticks with an increasing clock.
+A session runs it with every message whole, a replica with every message in fragments; both
+are audited after every input (``talkies.protocol.audit.SessionAudit.step``) and must act
+identically.
+
+    bash fuzz/run.sh 60                                  # both harnesses, with the seeds
+    PYTHONPATH=. .venv/bin/python fuzz/fuzz_session.py fuzz/crashes/session-crash-...  # replay
+    PYTHONPATH=. .venv/bin/python fuzz/fuzz_session.py --explain FILE  # decoded steps, actions
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":  # run as a script: make ``fuzz`` and ``talkies`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+try:
+    import atheris  # type: ignore[import-untyped]
+except ImportError:  # the harness stays importable (and replayable) without atheris
+    atheris = None
+
+_instrument = (
+    atheris.instrument_imports(include=["talkies", "fuzz"])
+    if atheris is not None and __name__ == "__main__" and "--explain" not in sys.argv
+    else contextlib.nullcontext()
+)
+with _instrument:
+    from fuzz._oracle import FUZZ_LIMITS, SessionReport, check_session_program, decode_program
+    from talkies.protocol import StreamSession
+    from talkies.protocol.audit import SessionAudit
+
+__all__ = ["check_one", "explain", "replay"]
+
+
+def check_one(data: bytes) -> SessionReport:
+    """Run the session oracle on one input; raises on a finding."""
+    return check_session_program(data)
+
+
+def replay(path: str | Path) -> int:
+    """Check one file, or every file under a directory; return how many were checked."""
+    root = Path(path)
+    files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+    for file in files:
+        try:
+            check_one(file.read_bytes())
+        except Exception as exc:
+            exc.add_note(f"input: {file}")
+            raise
+    return len(files)
+
+
+def explain(data: bytes) -> list[str]:
+    """The decoded program, one line per input with the primary session's actions."""
+    lines: list[str] = []
+    session, audit = StreamSession(FUZZ_LIMITS, now=0.0), SessionAudit()
+    for index, step in enumerate(decode_program(data)):
+        lines.append(f"{index:3d} t={step.now:<6g} {step.label}")
+        for event in step.whole:
+            try:
+                actions = audit.step(session, event, step.now)
+            except AssertionError as exc:
+                lines.append(f"      !! {exc}")
+                return lines
+            lines.append(f"      {event!r:.100} -> {actions!r:.300}")
+        if len(step.split) > 1:
+            lines.append(f"      (replica: {len(step.split)} fragments)")
+    return lines
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) == 3 and argv[1] == "--explain":
+        for line in explain(Path(argv[2]).read_bytes()):
+            print(line)
+        return
+    if atheris is None:
+        sys.exit("atheris is not installed; `pip install atheris` (Linux, Python < 3.13)")
+    atheris.Setup(argv, check_one)
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,255 @@
+"""Write the seed corpora ``fuzz/corpus/control/`` and ``fuzz/corpus/session/``.
+
+    PYTHONPATH=. .venv/bin/python fuzz/make_seeds.py          # (re)write the seeds
+    PYTHONPATH=. .venv/bin/python fuzz/make_seeds.py --check  # exit 1 if the files differ
+
+Control seeds are literal messages. Session seeds are readable programs written with
+``ProgramWriter`` (the byte format of ``fuzz._oracle.decode_program``); each names the outcome
+it must reach, and every seed is run through its harness's oracle before it is written. Add a
+seed by adding an entry below and rerunning; commit the output.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from fuzz._oracle import (
+    BAD_VALUES,
+    FUZZ_LIMITS,
+    ProgramWriter,
+    check_control_message,
+    check_session_program,
+)
+from talkies.protocol import ErrorCode
+
+CORPUS = Path(__file__).resolve().parent / "corpus"
+
+_START = {
+    "type": "start",
+    "model": "nemotron-3.5-asr-0.6b",
+    "encoding": "pcm_s16le",
+    "sample_rate": 16000,
+    "channels": 1,
+}
+
+
+def _json(obj: object) -> bytes:
+    return json.dumps(obj).encode("utf-8")
+
+
+def _padded(obj: object, size: int) -> bytes:
+    """``obj`` as JSON followed by spaces up to exactly ``size`` bytes."""
+    text = _json(obj)
+    return text + b" " * (size - len(text))
+
+
+CONTROL_SEEDS: dict[str, bytes] = {
+    "start_minimal.json": _json(_START),
+    "start_all_fields.json": _json(
+        {**_START, "language": "pt_br", "interim_results": False, "word_timestamps": True}
+    ),
+    "start_language_auto.json": _json({**_START, "language": "auto"}),
+    "start_language_invalid.json": _json({**_START, "language": "en--US"}),
+    "start_exactly_4096_bytes.json": _padded(_START, 4096),
+    "end.json": b'{"type":"end"}',
+    "cancel.json": b'{"type": "cancel"}',
+    "end_extra_field.json": b'{"type":"end","flush":true}',
+    "other_type.json": b'{"type":"pause"}',
+    "missing_type.json": b'{"model":"m"}',
+    "type_not_string.json": b'{"type":1}',
+    "duplicate_keys.json": (
+        b'{"type":"start","model":"a","model":"b","encoding":"pcm_s16le",'
+        b'"sample_rate":16000,"channels":1}'
+    ),
+    "unknown_field.json": _json({**_START, "vad": True}),
+    "missing_field.json": b'{"type":"start","model":"m","encoding":"pcm_s16le","channels":1}',
+    "deep_nesting.json": b'{"type":"start","model":' + b"[" * 2000 + b"]" * 2000 + b"}",
+    "nan.json": _json(_START).replace(b"16000", b"NaN"),
+    "infinity_exponent.json": _json(_START).replace(b"16000", b"1e999"),
+    "float_sample_rate.json": _json(_START).replace(b"16000", b"16000.0"),
+    "huge_int.json": _json(_START).replace(b"16000", b"9" * 3000),
+    "invalid_utf8.json": b'{"type":"start","model":"\xff\xfe"}',
+    "lone_surrogate_escape.json": _json(_START).replace(b"nemotron", b"\\ud800"),
+    "utf8_bom.json": b"\xef\xbb\xbf" + _json(_START),
+    "too_large_4097_bytes.json": _padded(_START, 4097),
+    "non_object_array.json": b'[{"type":"start"}]',
+    "non_object_string.json": b'"start"',
+    "empty.json": b"",
+    "wrong_types.json": _json(
+        {**_START, "sample_rate": "16000", "channels": True, "interim_results": 1}
+    ),
+    "bool_channels.json": _json({**_START, "channels": True}),
+    "unsupported_values.json": _json({**_START, "encoding": "opus", "sample_rate": 8000}),
+    "invalid_model.json": _json({**_START, "model": "../etc/passwd"}),
+    "trailing_garbage.json": _json(_START) + b"}",
+}
+
+
+def _happy_path() -> ProgramWriter:
+    w = ProgramWriter().start(language=2, interim_results=True, word_timestamps=True)
+    w.opened().binary(640).binary(640, pattern=7, splits=(100, 101, 500))
+    w.partial("hello", [("hello", 0.0, 0.4)]).partial("hello wor", [("hello", 0.0, 0.4)])
+    w.endpoint("hello world", [("hello", 0.0, 0.4), ("world", 0.5, 0.9)])
+    w.audio_part(320).binary(320).tick(1.0).binary(2)
+    w.control("end", splits=(3, 9))
+    w.partial("again").final("again", [("again", 1.0, 1.3)])
+    return w
+
+
+def _duration_limit() -> ProgramWriter:
+    w = ProgramWriter().start().opened()
+    for _ in range(FUZZ_LIMITS.max_samples * 2 // FUZZ_LIMITS.max_frame_bytes + 1):
+        w.binary(FUZZ_LIMITS.max_frame_bytes)
+    return w
+
+
+_BAD_RATE = BAD_VALUES.index(8000)
+_NO_MODEL = 0  # BAD_VALUES[0] deletes the field
+
+# name -> (program, the outcome the session must reach)
+SESSION_SEEDS: dict[str, tuple[Callable[[], ProgramWriter], str]] = {
+    "happy_path": (_happy_path, "end"),
+    "happy_path_no_interim": (
+        lambda: (
+            ProgramWriter()
+            .start(interim_results=False, as_bytes=True, splits=(1, 40, 41), split_bytes=True)
+            .opened()
+            .binary(4096)
+            .partial("ignored")
+            .endpoint("utterance")
+            .control("end", as_bytes=True)
+            .final("done")
+        ),
+        "end",
+    ),
+    "cancel_streaming": (
+        lambda: ProgramWriter().start().opened().binary(640).control("cancel"),
+        "cancel",
+    ),
+    "cancel_while_opening": (lambda: ProgramWriter().start().control("cancel"), "cancel"),
+    "cancel_while_flushing_then_late_inputs": (
+        lambda: (
+            ProgramWriter()
+            .start()
+            .opened()
+            .binary(64)
+            .control("end")
+            .control("cancel")
+            .final("late")
+            .binary(64)
+            .tick(20)
+            .peer_gone()
+        ),
+        "cancel",
+    ),
+    "start_unsupported_sample_rate": (
+        lambda: ProgramWriter().start(corrupt=("sample_rate", _BAD_RATE)),
+        ErrorCode.UNSUPPORTED_SAMPLE_RATE.value,
+    ),
+    "start_missing_model": (
+        lambda: ProgramWriter().start(corrupt=("model", _NO_MODEL)),
+        ErrorCode.MISSING_FIELD.value,
+    ),
+    "start_twice": (
+        lambda: ProgramWriter().start().opened().start(),
+        ErrorCode.INVALID_EVENT.value,
+    ),
+    "end_extra_field": (
+        lambda: ProgramWriter().start().opened().control("end", extra_field=True),
+        ErrorCode.UNKNOWN_FIELD.value,
+    ),
+    "frame_too_large_fragmented": (
+        lambda: ProgramWriter().start().opened().binary(4098, splits=(2048,)),
+        ErrorCode.FRAME_TOO_LARGE.value,
+    ),
+    "unaligned_frame": (
+        lambda: ProgramWriter().start().opened().binary(641),
+        ErrorCode.UNALIGNED_AUDIO.value,
+    ),
+    "empty_frame": (
+        lambda: ProgramWriter().start().opened().binary(0),
+        ErrorCode.EMPTY_AUDIO.value,
+    ),
+    "duration_limit": (_duration_limit, ErrorCode.DURATION_LIMIT.value),
+    "audio_before_ready": (
+        lambda: ProgramWriter().start().binary(640),
+        ErrorCode.INVALID_AUDIO.value,
+    ),
+    "binary_inside_text_message": (
+        lambda: ProgramWriter().start().opened().text_part(b'{"type":').binary(2),
+        ErrorCode.INVALID_MESSAGE.value,
+    ),
+    "text_too_large": (
+        lambda: ProgramWriter().repeated_text(ord(" "), 4097, splits=(4000,)),
+        ErrorCode.MESSAGE_TOO_LARGE.value,
+    ),
+    "text_invalid_utf8": (
+        lambda: ProgramWriter().text(b'{"type":"start","model":"\xff"}', splits=(5,)),
+        ErrorCode.INVALID_JSON.value,
+    ),
+    "idle_before_start": (lambda: ProgramWriter().tick(4.9).tick(0.2), "idle_timeout"),
+    "idle_while_streaming": (
+        lambda: ProgramWriter().start().tick(10).opened().binary(2).tick(4.0).tick(1.0),
+        ErrorCode.IDLE_TIMEOUT.value,
+    ),
+    "refused_unknown_model": (
+        lambda: ProgramWriter().start().refused(ErrorCode.UNKNOWN_MODEL, "no such model"),
+        ErrorCode.UNKNOWN_MODEL.value,
+    ),
+    "engine_failed_streaming": (
+        lambda: ProgramWriter().start().opened().binary(640).failed("decoder crashed"),
+        ErrorCode.SERVER_ERROR.value,
+    ),
+    "engine_final_before_end": (
+        lambda: ProgramWriter().start().opened().final("too early"),
+        ErrorCode.SERVER_ERROR.value,
+    ),
+    "auth_rejected": (lambda: ProgramWriter().auth_rejected(), "unauthorized"),
+    "shutting_down": (
+        lambda: ProgramWriter().start().opened().binary(2).shutting_down(),
+        "shutdown",
+    ),
+    "peer_gone_streaming": (
+        lambda: ProgramWriter().start().opened().binary(2).peer_gone(),
+        "peer_gone",
+    ),
+}
+
+
+def build() -> dict[Path, bytes]:
+    """Every seed file and its bytes, each checked by its harness's oracle."""
+    files: dict[Path, bytes] = {}
+    for name, data in CONTROL_SEEDS.items():
+        check_control_message(data)
+        files[CORPUS / "control" / name] = data
+    for name, (program, outcome) in SESSION_SEEDS.items():
+        data = program().to_bytes()
+        report = check_session_program(data)
+        if report.outcome != outcome:
+            raise SystemExit(f"session seed {name}: outcome {report.outcome!r}, not {outcome!r}")
+        files[CORPUS / "session" / name] = data
+    return files
+
+
+def main(argv: list[str]) -> int:
+    files = build()
+    if "--check" in argv:
+        stale = [p for p, data in files.items() if not p.exists() or p.read_bytes() != data]
+        for stale_path in stale:
+            print(f"stale seed: {stale_path}")
+        return 1 if stale else 0
+    for path, data in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    print(f"wrote {len(files)} seeds under {CORPUS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
