@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +43,19 @@ def load_model(entry: ModelEntry, root: Path, device: str) -> LoadedModel:
 
 
 def _entry_json(entry: ModelEntry) -> dict[str, Any]:
-    raw = asdict(entry)
-    raw.pop("slug")
-    raw["path"] = str(entry.path) if entry.path is not None else None
-    raw["allow_patterns"] = list(entry.allow_patterns) if entry.allow_patterns else None
-    raw["sherpa_config"] = dict(entry.sherpa_config)
-    raw["options"] = dict(entry.options)
+    """The entry as models.json would spell it (absolute path), for the child."""
+    raw: dict[str, Any] = {
+        "executor": entry.executor,
+        "repo": entry.repo,
+        "revision": entry.revision,
+        "path": str(entry.path) if entry.path is not None else None,
+        "allow_patterns": list(entry.allow_patterns) if entry.allow_patterns else None,
+        "recognizer_factory": entry.recognizer_factory,
+        "sherpa_config": dict(entry.sherpa_config) or None,
+        "max_concurrency": entry.max_concurrency,
+        "options": dict(entry.options) or None,
+        "description": entry.description,
+    }
     return {k: v for k, v in raw.items() if v is not None}
 
 
