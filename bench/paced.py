@@ -1,0 +1,420 @@
+"""Real-time streams: frame -> event latency and server memory per connection, at N streams.
+
+    python bench/paced.py [--streams 100,400,1000] [--duration 10] [--servers talkies,bare]
+
+For each N and each server (a fresh server process each time, ``servers.py --mode echo``), a
+client process opens N WebSockets on raw sockets (asyncio protocols, one event loop), sends
+``start`` and waits for ``ready`` on each, then paces every stream at one 640-byte frame per
+20 ms of real time for ``--duration`` seconds, the N streams' send times spread evenly over
+each 20 ms. Frame k carries k in its first four bytes.
+
+- talkies answers through a recognition that returns one partial per ``accept()`` carrying the
+  last frame's counter (behind the real ThreadedStream: a worker-thread hop per batch);
+- (a) the bare anyio + wsproto loop answers every binary frame with a partial carrying k.
+
+Latency of frame k = receipt of the first partial carrying a counter >= k minus the client's
+send time of frame k (a batch of frames is answered by one partial). Server RSS per connection =
+(RSS at mid-run - RSS before connecting, after one warm-up stream) / N, from /proc/<pid>/status.
+The client shares the machine's cores with the server: its own event-loop delays are part of
+the latency, and the "send lag" column shows how far behind schedule it sent (p99).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.ingest import CpuWindow, cpu_seconds, log_problems, server, wait_for_quiet
+from bench.loadgen import (
+    END,
+    MASK_KEY,
+    OP_BINARY,
+    OP_CLOSE,
+    OP_PING,
+    OP_PONG,
+    OP_TEXT,
+    START,
+    FrameReader,
+    client_frame,
+    close_frame,
+    frame_header,
+    mask,
+    pcm_payload,
+    split_response,
+    text_frame,
+    upgrade_request,
+)
+
+PERIOD = 0.020
+HERE = Path(__file__).resolve().parent
+PARTIAL_RE = re.compile(rb'^\{"type":"partial".*?"text":"(\d+)"')
+LABELS = {
+    "talkies": "talkies Server + echo engine",
+    "talkies-inline": "talkies, echo engine inline (diag.)",
+    "bare": "(a) anyio + wsproto bare echo",
+}
+REFERENCE_BARE_P99 = {400: "~3 ms", 1000: "~49 ms"}
+
+
+def raise_fd_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+class FrameMaker:
+    """Masked binary frames whose payload starts with a little-endian uint32 counter."""
+
+    def __init__(self, frame_bytes: int) -> None:
+        payload = pcm_payload(frame_bytes)
+        self._prefix = frame_header(OP_BINARY, frame_bytes)
+        self._rest = mask(payload)[4:]  # the key repeats every 4 bytes: offset 4 is aligned
+        self._key = int.from_bytes(MASK_KEY, "little")
+
+    def __call__(self, k: int) -> bytes:
+        return self._prefix + (k ^ self._key).to_bytes(4, "little") + self._rest
+
+
+# -- the client ----------------------------------------------------------------------------------
+
+
+class Stream(asyncio.Protocol):
+    def __init__(self, loop: asyncio.AbstractEventLoop, host: str, port: int) -> None:
+        self._request = upgrade_request(host, port)
+        self._head = b""
+        self._reader = FrameReader()
+        self.transport: asyncio.Transport | None = None
+        self.upgraded: asyncio.Future[None] = loop.create_future()
+        self.ready: asyncio.Future[None] = loop.create_future()
+        self.stats: asyncio.Future[dict[str, object]] = loop.create_future()
+        self.sent: list[float] = []
+        self.acked = 0
+        self.latencies: list[float] = []
+        self.gone = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        transport.write(self._request)
+
+    def send(self, data: bytes) -> None:
+        if self.transport is not None and not self.gone:
+            self.transport.write(data)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.upgraded.done():
+            self._head += data
+            try:
+                parts = split_response(self._head)
+            except ConnectionError as exc:
+                self._fail(exc)
+                return
+            if parts is None:
+                return
+            self.upgraded.set_result(None)
+            data = parts[1]
+        self._reader.feed(data)
+        for opcode, payload in self._reader.frames():
+            if opcode == OP_TEXT:
+                self._on_text(payload)
+            elif opcode == OP_PING:
+                self.send(client_frame(OP_PONG, payload))
+            elif opcode == OP_CLOSE:
+                self.send(close_frame(1000))
+                self.gone = True
+                if self.transport is not None:
+                    self.transport.close()
+
+    def _on_text(self, payload: bytes) -> None:
+        match = PARTIAL_RE.match(payload)
+        if match is not None:
+            now = time.perf_counter()
+            counter = int(match.group(1))
+            sent, acked = self.sent, self.acked
+            top = min(counter + 1, len(sent))
+            while acked < top:
+                self.latencies.append(now - sent[acked])
+                acked += 1
+            self.acked = acked
+            return
+        message = json.loads(payload)
+        kind = message.get("type")
+        if kind == "ready" and not self.ready.done():
+            self.ready.set_result(None)
+        elif kind == "stats" and not self.stats.done():
+            self.stats.set_result(message)
+        elif kind == "error":
+            self._fail(ConnectionError(f"server error: {message}"))
+
+    def _fail(self, exc: BaseException) -> None:
+        for future in (self.upgraded, self.ready, self.stats):
+            if not future.done():
+                future.set_exception(exc)
+                future.exception()  # mark retrieved: not every future is awaited
+        self.gone = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.gone = True
+        self._fail(exc or ConnectionError("connection closed"))
+
+
+@dataclass
+class ClientResult:
+    streams: int
+    connected: int = 0
+    connect_s: float = 0.0
+    rss_before_kib: int = 0
+    rss_mid_kib: int = 0
+    frames_sent: int = 0
+    frames_answered: int = 0
+    stats_received: int = 0
+    latencies_ms: dict[str, float] = field(default_factory=dict)
+    send_lag_p99_ms: float = 0.0
+    server_cores: float = 0.0  # server CPU seconds per second while pacing
+    errors: list[str] = field(default_factory=list)
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[index]
+
+
+async def open_stream(host: str, port: int) -> Stream:
+    loop = asyncio.get_running_loop()
+    _, stream = await loop.create_connection(lambda: Stream(loop, host, port), host, port)
+    await asyncio.wait_for(stream.upgraded, 10)
+    stream.send(text_frame(START))
+    await asyncio.wait_for(stream.ready, 10)
+    return stream
+
+
+async def finish(streams: list[Stream], timeout: float) -> int:
+    """Send ``end`` on every stream; how many answered with stats within ``timeout``."""
+    for s in streams:
+        s.send(text_frame(END))
+    done, _ = await asyncio.wait([asyncio.ensure_future(s.stats) for s in streams], timeout=timeout)
+    return sum(1 for f in done if not f.cancelled() and f.exception() is None)
+
+
+async def run_client(args: argparse.Namespace) -> ClientResult:
+    host, port, n = args.host, args.port, args.streams
+    result = ClientResult(streams=n)
+    make = FrameMaker(args.frame_bytes)
+
+    warm = await open_stream(host, port)
+    for k in range(5):
+        warm.send(make(k))
+    await finish([warm], 5)
+    await asyncio.sleep(0.3)
+    result.rss_before_kib = rss_kib(args.server_pid)
+
+    t0 = time.perf_counter()
+    streams: list[Stream] = []
+    for i in range(0, n, 50):
+        batch = [open_stream(host, port) for _ in range(min(50, n - i))]
+        for outcome in await asyncio.gather(*batch, return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                result.errors.append(f"connect: {type(outcome).__name__}: {outcome}")
+            else:
+                streams.append(outcome)
+    result.connect_s = time.perf_counter() - t0
+    result.connected = len(streams)
+    if not streams:
+        return result
+
+    live = len(streams)
+    slot = PERIOD / live
+    total = int(args.duration / PERIOD) * live
+    half = total // 2
+    lags: list[float] = []
+    start = time.perf_counter() + 0.05
+    cpu0 = cpu_seconds(args.server_pid)
+    j = 0
+    perf = time.perf_counter
+    while j < total:
+        now = perf()
+        due = start + j * slot
+        if due > now:
+            await asyncio.sleep(due - now)
+            continue
+        while j < total and start + j * slot <= now:
+            stream = streams[j % live]
+            if not stream.gone:
+                frame = make(j // live)
+                sent_at = perf()
+                stream.sent.append(sent_at)
+                stream.send(frame)
+                lags.append(sent_at - (start + j * slot))
+            j += 1
+            if j == half:
+                result.rss_mid_kib = rss_kib(args.server_pid)
+        await asyncio.sleep(0)
+    result.server_cores = (cpu_seconds(args.server_pid) - cpu0) / (perf() - start)
+
+    # Let the last answers arrive (bounded), then end every stream.
+    deadline = perf() + 3.0
+    while perf() < deadline and any(s.acked < len(s.sent) for s in streams if not s.gone):
+        await asyncio.sleep(0.01)
+    result.stats_received = await finish([s for s in streams if not s.gone], 8)
+    await asyncio.sleep(0.2)
+    for s in streams:
+        if s.transport is not None:
+            s.transport.close()
+
+    latencies = sorted(x for s in streams for x in s.latencies)
+    result.frames_sent = sum(len(s.sent) for s in streams)
+    result.frames_answered = len(latencies)
+    result.latencies_ms = {
+        name: percentile(latencies, q) * 1000
+        for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))
+    }
+    lags.sort()
+    result.send_lag_p99_ms = percentile(lags, 0.99) * 1000
+    lost = sum(1 for s in streams if s.gone and not s.stats.done())
+    if lost:
+        result.errors.append(f"{lost} streams closed before their stats")
+    return result
+
+
+def client_main(args: argparse.Namespace) -> None:
+    raise_fd_limit()
+    result = asyncio.run(run_client(args))
+    print(json.dumps(result.__dict__))
+
+
+# -- the orchestrator ----------------------------------------------------------------------------
+
+
+def run_one(kind: str, n: int, args: argparse.Namespace, logdir: Path) -> ClientResult:
+    with server(kind, "echo", logdir, args.frame_bytes) as running:
+        cmd = [sys.executable, str(HERE / "paced.py"), "--client", "--port", str(running.port)]
+        cmd += ["--server-pid", str(running.pid), "--streams", str(n)]
+        cmd += ["--duration", str(args.duration), "--frame-bytes", str(args.frame_bytes)]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
+        out = subprocess.run(
+            cmd, check=False, capture_output=True, text=True, timeout=args.duration + 30, env=env
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"paced client failed: {out.stderr[-3000:]}")
+        result = ClientResult(**json.loads(out.stdout.strip().splitlines()[-1]))
+    problems = log_problems(running.log)
+    if problems:
+        result.errors.append(f"{len(problems)} warning/error log lines, first: {problems[0][:300]}")
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--streams", default="100,400,1000")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds of paced audio")
+    parser.add_argument("--servers", default="talkies,bare", help="comma-separated subset")
+    parser.add_argument("--frame-bytes", type=int, default=640)
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=20.0,
+        help="seconds in all to wait for other processes to leave the CPUs idle (0: don't)",
+    )
+    # The client process (started by the orchestrator):
+    parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--server-pid", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.client:
+        args.streams = int(args.streams)
+        client_main(args)
+        return
+
+    raise_fd_limit()
+    counts = [int(x) for x in args.streams.split(",") if x]
+    kinds = [k for k in args.servers.split(",") if k]
+    print(f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} cpus")
+    print(
+        f"paced: 1 frame of {args.frame_bytes} bytes per {PERIOD * 1000:.0f} ms per stream, "
+        f"{args.duration:g} s; the client process shares the {os.cpu_count()} cores with the "
+        "server (its delays count in the latency)"
+    )
+    header = (
+        f"{'server':36s} {'N':>5s} {'p50 ms':>8s} {'p90 ms':>8s} {'p99 ms':>8s} {'max ms':>8s} "
+        f"{'answered':>8s} {'KiB/conn':>8s} {'srv cores':>9s} {'us/frame':>8s} {'lag ms':>6s} "
+        f"{'conn s':>6s} {'other':>5s}"
+    )
+    rows: list[str] = []
+    notes: list[str] = []
+    budget = [args.quiet_wait]
+    with tempfile.TemporaryDirectory(prefix="talkies-paced-") as tmp:
+        for n in counts:
+            for kind in kinds:
+                if budget[0] > 0:
+                    wait_for_quiet(budget)
+                with CpuWindow() as window:
+                    r = run_one(kind, n, args, Path(tmp))
+                lat = r.latencies_ms
+                per_conn = (r.rss_mid_kib - r.rss_before_kib) / max(r.connected, 1)
+                answered = f"{r.frames_answered / max(r.frames_sent, 1):.1%}"
+                frames_per_s = r.connected / PERIOD
+                us_per_frame = r.server_cores / max(frames_per_s, 1) * 1e6
+                row = (
+                    f"{LABELS[kind]:36s} {n:>5d} {lat['p50']:>8.1f} {lat['p90']:>8.1f} "
+                    f"{lat['p99']:>8.1f} {lat['max']:>8.1f} {answered:>8s} {per_conn:>8.1f} "
+                    f"{r.server_cores:>9.2f} {us_per_frame:>8.0f} {r.send_lag_p99_ms:>6.1f} "
+                    f"{r.connect_s:>6.2f} {window.others_cores:>5.2f}"
+                )
+                rows.append(row)
+                print(row, file=sys.stderr)
+                if r.connected != n or r.stats_received != r.connected:
+                    notes.append(
+                        f"{kind} N={n}: connected {r.connected}/{n}, "
+                        f"stats {r.stats_received}/{r.connected}"
+                    )
+                notes.extend(f"{kind} N={n}: {e}" for e in r.errors[:5])
+    print()
+    print(header)
+    for row in rows:
+        print(row)
+    refs = ", ".join(f"{v} at {k}" for k, v in REFERENCE_BARE_P99.items())
+    print(
+        "answered: frames whose partial arrived (3 s drain after the last frame); KiB/conn: "
+        "server RSS growth per stream at mid-run;\nsrv cores: server CPU-s per s while pacing; "
+        "us/frame: server CPU per frame sent; lag ms: client send lag p99 (client overloaded "
+        "if large);\nconn s: time to open and start the N streams; other: cores busy with "
+        f"processes outside this benchmark (of {os.cpu_count()}), above ~0.2 latencies "
+        "are disturbed"
+    )
+    print(f"reference, bare loop p99 measured earlier on this machine: {refs}")
+    for note in notes:
+        print("note: " + note)
+
+
+if __name__ == "__main__":
+    main()
