@@ -67,8 +67,13 @@ def run_talkies(mode: str, frame_bytes: int, *, inline: bool = False) -> None:
     import anyio
 
     from talkies.config import Settings
-    from talkies.engines.base import EngineEvent, EngineStream, EngineUpdate
-    from talkies.engines.runner import ThreadedStream
+    from talkies.engines.base import (
+        EngineEvent,
+        EngineStream,
+        EngineUpdate,
+        Recognition,
+        RecognitionModel,
+    )
     from talkies.logs import configure
     from talkies.protocol import EngineFinal, EnginePartial
     from talkies.protocol.messages import StartOptions
@@ -142,12 +147,19 @@ def run_talkies(mode: str, frame_bytes: int, *, inline: bool = False) -> None:
                 self._data.set()
                 self._rec.close()
 
+    class Model(RecognitionModel):
+        """The product path: one model, its streams decoded in combined worker rounds."""
+
+        def recognition(self, options: StartOptions) -> Recognition:
+            return CounterRecognition() if mode == "echo" else NullRecognition()
+
+    model = Model()
+
     class Provider:
         async def open_stream(self, options: StartOptions) -> EngineStream:
-            rec = CounterRecognition() if mode == "echo" else NullRecognition()
             if inline:
-                return InlineStream(rec)
-            return ThreadedStream(rec, max_buffered_bytes=5 * 32000)
+                return InlineStream(CounterRecognition() if mode == "echo" else NullRecognition())
+            return await model.open_stream(options, max_buffered_bytes=5 * 32000)
 
     configure("info")
     settings = Settings(

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..protocol import EngineEndpoint, EngineFailed, EngineFinal, EnginePartial, ErrorCode
 from ..protocol.messages import StartOptions
+
+if TYPE_CHECKING:
+    from .runner import DecodeRounds
 
 __all__ = [
     "EngineEvent",
@@ -100,10 +103,16 @@ class RecognitionModel:
         """Create a stream's decoder state (cheap; called on the event loop)."""
         raise NotImplementedError
 
-    async def open_stream(self, options: StartOptions, *, max_buffered_bytes: int) -> EngineStream:
-        from .runner import ThreadedStream
+    _rounds: DecodeRounds | None = None
 
-        return ThreadedStream(self.recognition(options), max_buffered_bytes=max_buffered_bytes)
+    async def open_stream(self, options: StartOptions, *, max_buffered_bytes: int) -> EngineStream:
+        from .runner import DecodeRounds, ThreadedStream
+
+        if self._rounds is None:  # one set of worker-thread rounds per model
+            self._rounds = DecodeRounds()
+        return ThreadedStream(
+            self.recognition(options), max_buffered_bytes=max_buffered_bytes, rounds=self._rounds
+        )
 
     def close(self) -> None:
         return None

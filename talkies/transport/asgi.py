@@ -15,6 +15,7 @@ over whole messages and owns the socket:
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -151,7 +152,7 @@ class TalkiesASGI:
             return
         await send({"type": "websocket.accept"})
         channel = _AsgiChannel(receive, send)
-        session = StreamSession(self._limits, now=anyio.current_time())
+        session = StreamSession(self._limits, now=time.monotonic())
         driver = StreamDriver(session, channel, self.provider, close_timeout=self._close_timeout)
         first: Input | None = None
         if not self._authorized(scope):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -282,7 +283,7 @@ class Server:
             read_size=self.options.http.read_size,
             send_timeout=self.settings.stream_idle_timeout,
         )
-        session = StreamSession(self._limits, now=anyio.current_time())
+        session = StreamSession(self._limits, now=time.monotonic())
         driver = StreamDriver(
             session, channel, self.provider, close_timeout=self.options.close_timeout
         )
@@ -301,7 +302,8 @@ class Server:
         if counted:
             self._drivers.add(driver)
             self._no_streams = anyio.Event() if self._no_streams.is_set() else self._no_streams
-        started = anyio.current_time()
+        started = time.monotonic()
+        peer = _peer(stream)  # read now: the socket is closed when run() returns
         try:
             await driver.run(first)
         finally:
@@ -313,14 +315,14 @@ class Server:
             log.info(
                 "stream closed",
                 extra={
-                    "peer": _peer(stream),
+                    "peer": peer,
                     "model": options.model if options else None,
                     "outcome": session.outcome,
                     "close_code": int(session.close_code) if session.close_code else None,
                     "error": session.error.code.value if session.error else None,
                     "audio_seconds": session.audio_seconds,
                     "frames": session.frames,
-                    "duration": round(anyio.current_time() - started, 3),
+                    "duration": round(time.monotonic() - started, 3),
                 },
             )
 

@@ -119,7 +119,12 @@ class WsprotoChannel:
             data = self._ws.send(event)
         except LocalProtocolError:
             return  # the connection is closing: nothing more may be sent
-        async with self._send_lock:
+        # Uncontended (the usual case), the lock is taken without a trip through the loop.
+        try:
+            self._send_lock.acquire_nowait()
+        except anyio.WouldBlock:
+            await self._send_lock.acquire()
+        try:
             with anyio.move_on_after(self._send_timeout) as scope:
                 try:
                     await self._stream.send(data)
@@ -129,6 +134,8 @@ class WsprotoChannel:
                 # The client stopped reading; holding its events in memory is not an option.
                 log.info("client stopped reading for %.0f s; closing", self._send_timeout)
                 await self.aclose()
+        finally:
+            self._send_lock.release()
 
     async def aclose(self) -> None:
         if self._gone:

