@@ -57,7 +57,8 @@ class _AsgiChannel:
         self._closed = False  # we sent websocket.close
         self._gone = False  # the peer disconnected
 
-    async def receive(self) -> TextReceived | BinaryReceived | PeerGone:
+    async def receive(self) -> list[TextReceived | BinaryReceived | PeerGone]:
+        # ASGI hands over one whole message per receive.
         while not self._gone:
             message = await self._receive()
             kind = message["type"]
@@ -65,10 +66,10 @@ class _AsgiChannel:
                 self._gone = True
             elif kind == "websocket.receive":
                 if message.get("text") is not None:
-                    return TextReceived(data=message["text"])
+                    return [TextReceived(data=message["text"])]
                 if message.get("bytes") is not None:
-                    return BinaryReceived(data=bytes(message["bytes"]))
-        return PeerGone()
+                    return [BinaryReceived(data=bytes(message["bytes"]))]
+        return [PeerGone()]
 
     async def _emit(self, message: Message) -> None:
         if self._gone or self._closed:

@@ -53,8 +53,9 @@ log = logging.getLogger("talkies.transport")
 class Channel(Protocol):
     """A WebSocket as the driver needs it; implementations swallow transport errors."""
 
-    async def receive(self) -> TextReceived | BinaryReceived | PeerGone:
-        """The next message fragment, or PeerGone once the peer closed or vanished."""
+    async def receive(self) -> list[TextReceived | BinaryReceived | PeerGone]:
+        """The next message fragments (at least one), ending with PeerGone once the peer
+        closed or vanished."""
         ...
 
     async def send_text(self, text: str) -> None: ...
@@ -125,10 +126,39 @@ class StreamDriver:
 
     async def _reader_loop(self) -> None:
         while not self._peer_gone:
-            message = await self._channel.receive()
-            if isinstance(message, PeerGone):
+            await self._handle_batch(await self._channel.receive())
+
+    async def _handle_batch(self, batch: list[TextReceived | BinaryReceived | PeerGone]) -> None:
+        """Handle one read's messages; consecutive audio reaches the engine as one feed.
+
+        The next read waits until this batch's actions ran, feeds included: a full engine
+        queue stops the reading, and the client's TCP window closes.
+        """
+        session = self.session
+        now = _clock()
+        audio: list[bytes] = []
+        for item in batch:
+            if isinstance(item, PeerGone):
                 self._peer_gone = True
-            await self._handle(message)
+            state = session.state
+            session.handle(item, now)
+            actions = session.pull_actions()
+            if session.state is not state:
+                self._deadline_changed.set()
+            if len(actions) == 1 and type(actions[0]) is Feed:
+                audio.append(actions[0].pcm)  # the per-frame path
+                continue
+            if actions:
+                if audio:
+                    await self._feed(audio)
+                    audio = []
+                await self._apply(actions)
+        if audio:
+            await self._feed(audio)
+
+    async def _feed(self, audio: list[bytes]) -> None:
+        if self._stream is not None:
+            await self._stream.feed(audio[0] if len(audio) == 1 else b"".join(audio))
 
     async def _timer_loop(self) -> None:
         while True:
@@ -190,6 +220,7 @@ class StreamDriver:
     # -- inputs and actions ------------------------------------------------------------------
 
     async def _handle(self, item: Input) -> None:
+        """One input from the engine, the timer or the server (not the per-frame path)."""
         session = self.session
         state = session.state
         session.handle(item, _clock())
@@ -198,10 +229,7 @@ class StreamDriver:
             # The deadline only moves earlier on a state change (client activity pushes it
             # later, which the timer notices when its sleep ends): wake the timer then only.
             self._deadline_changed.set()
-        if len(actions) == 1 and type(actions[0]) is Feed and self._stream is not None:
-            await self._stream.feed(actions[0].pcm)  # the per-frame path
-        elif actions:
-            await self._apply(actions)
+        await self._apply(actions)
 
     async def _apply(self, actions: list[Action]) -> None:
         for action in actions:

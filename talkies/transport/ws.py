@@ -57,15 +57,25 @@ class WsprotoChannel:
         self._gone = False
         self._broken = False  # wsproto's parser failed: nothing more can be read
 
-    async def receive(self) -> TextReceived | BinaryReceived | PeerGone:
+    async def receive(self) -> list[TextReceived | BinaryReceived | PeerGone]:
+        """Every message (fragment) wsproto parsed from the next read; PeerGone ends it.
+
+        One socket read (``read_size``) bounds a batch, so a connection never holds more than
+        that in parsed messages; the driver handles the whole batch before reading again.
+        """
+        out: list[TextReceived | BinaryReceived | PeerGone] = []
         while not self._gone:
             for event in self._events:
+                # Data first, inline: this loop runs once per frame.
+                if type(event) is BytesMessage:
+                    out.append(BinaryReceived(data=bytes(event.data), final=event.message_finished))
+                    continue
                 message = await self._on_event(event)
                 if message is not None:
-                    return message
+                    out.append(message)
                 if self._gone:
                     break
-            if self._gone:
+            if out or self._gone:
                 break
             try:
                 data = await self._stream.receive(self._read_size)
@@ -74,7 +84,9 @@ class WsprotoChannel:
                 break
             self._ws.receive_data(data)
             self._events = self._ws.events()
-        return PeerGone()
+        if self._gone:
+            out.append(PeerGone())
+        return out
 
     async def _on_event(self, event: Event) -> TextReceived | BinaryReceived | None:
         if isinstance(event, TextMessage):
