@@ -8,6 +8,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from talkies.protocol import (
+    AudioBatch,
     AuthRejected,
     BinaryReceived,
     EngineEndpoint,
@@ -143,6 +144,9 @@ def representative(kind: InputKind) -> st.SearchStrategy[Input]:
             lambda b: BinaryReceived(data=b, final=False)
         ),
         InputKind.AUDIO: st.binary(max_size=64).map(lambda b: BinaryReceived(data=b)),
+        InputKind.AUDIO_BATCH: st.lists(st.binary(max_size=64), max_size=4).map(
+            lambda frames: AudioBatch(frames=tuple(frames))
+        ),
         InputKind.ENGINE_OPENED: st.just(EngineOpened()),
         InputKind.ENGINE_PARTIAL: st.builds(EnginePartial, text=transcripts, words=words),
         InputKind.ENGINE_ENDPOINT: st.builds(EngineEndpoint, text=transcripts, words=words),

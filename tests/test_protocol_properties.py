@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from talkies.protocol import (
     Action,
+    AudioBatch,
     BinaryReceived,
     EngineEndpoint,
     EngineFinal,
@@ -18,6 +19,7 @@ from talkies.protocol import (
     Input,
     PeerGone,
     Send,
+    SessionLimits,
     State,
     Stats,
     StreamSession,
@@ -159,3 +161,40 @@ def test_revisions_strictly_increase_whatever_the_engine_says(engine: list[Input
                 if revision is not None:
                     revisions.append(revision)
     assert revisions == list(range(1, len(revisions) + 1))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    frames=st.lists(
+        st.integers(0, 2100).map(lambda n: bytes([n % 251]) * n), min_size=0, max_size=12
+    ),
+    split=st.data(),
+)
+def test_an_audio_batch_is_its_frames_one_by_one(frames: list[bytes], split: st.DataObject) -> None:
+    """AudioBatch(frames) == BinaryReceived(frame) for each frame: same accepted audio, same
+    counters, same error, same close; only the Feed boundaries may differ."""
+    limits = SessionLimits(max_frame_bytes=2048, max_duration_seconds=0.1, idle_timeout_seconds=30)
+    one = session_in(State.STREAMING, limits=limits)
+    batched = session_in(State.STREAMING, limits=limits)
+    one_actions: list[Action] = []
+    for frame in frames:
+        one.handle(BinaryReceived(data=frame), 1.0)
+        one_actions.extend(one.pull_actions())
+    # The same frames, in batches of random sizes.
+    cuts = sorted(split.draw(st.lists(st.integers(0, len(frames)), max_size=3)))
+    batched_actions: list[Action] = []
+    for a, b in zip([0, *cuts], [*cuts, len(frames)], strict=True):
+        if a < b:
+            batched.handle(AudioBatch(frames=tuple(frames[a:b])), 1.0)
+            batched_actions.extend(batched.pull_actions())
+
+    def fed(actions: list[Action]) -> bytes:
+        return b"".join(a.pcm for a in actions if isinstance(a, Feed))
+
+    def rest(actions: list[Action]) -> list[Action]:
+        return [a for a in actions if not isinstance(a, Feed)]
+
+    assert fed(batched_actions) == fed(one_actions)
+    assert rest(batched_actions) == rest(one_actions)
+    assert (batched.frames, batched.samples, batched.state) == (one.frames, one.samples, one.state)
+    assert sum(a.frames for a in batched_actions if isinstance(a, Feed)) == batched.frames

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from talkies.protocol import (
+    AudioBatch,
     AuthRejected,
     BinaryReceived,
     Close,
@@ -69,6 +70,7 @@ def _inputs(source: str, now: float) -> list[tuple[Input, float]]:
             [BinaryReceived(data=b"\x01" * n, final=False) for n in ns[:-1]]
             + [BinaryReceived(data=b"\x01" * ns[-1])]
         ),
+        "batch": lambda *ns: [AudioBatch(frames=tuple(b"\x01" * n for n in ns))],
         "bfrags_open": lambda *ns: [BinaryReceived(data=b"\x01" * n, final=False) for n in ns],
         "fill": lambda samples: [
             BinaryReceived(data=b"\0" * min(LIMITS.max_frame_bytes, 2 * samples - off))

@@ -22,6 +22,7 @@ CLIENT_KINDS = {
     InputKind.MALFORMED,
     InputKind.AUDIO_PART,
     InputKind.AUDIO,
+    InputKind.AUDIO_BATCH,
 }
 
 

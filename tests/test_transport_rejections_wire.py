@@ -46,6 +46,8 @@ class Wire:
                 ("text", json.dumps({"type": "end", "p": "x" * (n - 24)}))
             ),
             "binary": lambda n: m.append(("binary", b"\x01" * n)),
+            # Consecutive binary messages: the server's channel turns them into an AudioBatch.
+            "batch": lambda *ns: [m.append(("binary", b"\x01" * n)) for n in ns],
             "bfrags": lambda *ns: m.append(("frags", [b"\x01" * n for n in ns])),
             "fill": lambda samples: [
                 m.append(("binary", bytes(min(LIMITS.max_frame_bytes, 2 * samples - off))))

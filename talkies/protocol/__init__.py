@@ -26,6 +26,7 @@ from .events import (
     Word,
 )
 from .inputs import (
+    AudioBatch,
     AuthRejected,
     BinaryReceived,
     EngineEndpoint,
@@ -52,6 +53,7 @@ __all__ = [
     "SAMPLE_RATE",
     "TABLE",
     "Action",
+    "AudioBatch",
     "AuthRejected",
     "BinaryReceived",
     "Close",

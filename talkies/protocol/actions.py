@@ -44,9 +44,10 @@ class Feed:
     """Hand accepted PCM16LE mono 16 kHz samples to the engine stream, in order."""
 
     pcm: bytes = field(repr=False)
+    frames: int = 1  # client frames joined in ``pcm`` (boundaries carry no meaning)
 
     def __repr__(self) -> str:
-        return f"Feed(<{len(self.pcm)} bytes>)"
+        return f"Feed(<{len(self.pcm)} bytes, {self.frames} frames>)"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

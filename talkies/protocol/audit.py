@@ -23,6 +23,7 @@ from .actions import Action, Close, Feed, Flush, Open, Release, Send
 from .errors import CloseCode, ErrorCode, ProtocolError
 from .events import SAMPLE_RATE, Endpoint, Error, Final, Partial, Ready, Stats
 from .inputs import (
+    AudioBatch,
     AuthRejected,
     BinaryReceived,
     EngineEndpoint,
@@ -141,14 +142,15 @@ class SessionAudit:
                     self.releases += 1
                     if self.releases > self.opens:
                         self._fail("Release without Open")
-                case Feed(pcm=pcm):
+                case Feed(pcm=pcm, frames=frames):
                     if not self.ready or self.releases or self.flushes:
                         self._fail("Feed outside the streaming state")
-                    if not pcm or len(pcm) % 2:
+                    if not pcm or len(pcm) % 2 or frames < 1 or len(pcm) < 2 * frames:
                         self._fail("Feed of an empty or unaligned frame")
-                    self.feeds += 1
+                    self.feeds += frames  # client frames, however many Feed actions hold them
                     self.fed_bytes += len(pcm)
-                    self.largest_feed = max(self.largest_feed, len(pcm))
+                    # Per frame: a Feed of n joined frames may hold n times the frame limit.
+                    self.largest_feed = max(self.largest_feed, -(-len(pcm) // frames))
                 case Flush():
                     if self.flushes or not self.ready or self.releases:
                         self._fail("Flush outside the streaming state")
@@ -237,7 +239,7 @@ class SessionAudit:
         if session.samples > session.limits.max_samples:
             self._fail(f"{session.samples} samples exceed the duration limit")
         if self.largest_feed > session.limits.max_frame_bytes:
-            self._fail(f"a Feed of {self.largest_feed} bytes exceeds the frame limit")
+            self._fail(f"a Feed averaging {self.largest_feed} bytes a frame exceeds the limit")
         if session.revision != self.revision:
             self._fail(f"session revision {session.revision}, last sent {self.revision}")
         if session.options != self.options:
@@ -359,3 +361,12 @@ class SessionAudit:
                         self._fail(f"an accepted frame gave {actions!r}")
                     if data and actions[0].pcm[-len(data) :] != data:
                         self._fail("the fed frame does not end with the received bytes")
+            case AudioBatch(frames=frames):
+                if state is not State.STREAMING:
+                    if code not in (ErrorCode.INVALID_AUDIO, ErrorCode.INVALID_MESSAGE):
+                        self._fail(f"{wrong}: audio is accepted only while streaming")
+                elif not closed:
+                    fed = [a for a in actions if isinstance(a, Feed)]
+                    joined = b"".join(frames)
+                    if len(actions) != len(fed) or b"".join(f.pcm for f in fed) != joined:
+                        self._fail(f"an accepted batch gave {actions!r}")

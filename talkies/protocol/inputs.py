@@ -14,6 +14,7 @@ from .errors import ErrorCode
 from .events import Word
 
 __all__ = [
+    "AudioBatch",
     "AuthRejected",
     "BinaryReceived",
     "EngineEndpoint",
@@ -48,6 +49,19 @@ class BinaryReceived:
 
     data: bytes
     final: bool = True
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AudioBatch:
+    """Whole binary messages in a row, as one transport read delivered them.
+
+    Handling it is equivalent to handling ``BinaryReceived(data=frame)`` for each frame in
+    order, except that the accepted frames reach the engine as one ``Feed``: a driver pays
+    the per-input cost once per read rather than once per 20 ms frame. Send it only when no
+    message is half-received (a pending fragment makes it ``invalid_message``).
+    """
+
+    frames: tuple[bytes, ...]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -117,6 +131,7 @@ class Tick:
 Input = (
     TextReceived
     | BinaryReceived
+    | AudioBatch
     | EngineOpened
     | EnginePartial
     | EngineEndpoint

@@ -30,6 +30,7 @@ from .events import (
     Word,
 )
 from .inputs import (
+    AudioBatch,
     AuthRejected,
     BinaryReceived,
     EngineEndpoint,
@@ -60,7 +61,8 @@ __all__ = ["SessionLimits", "StreamSession"]
 # Module constants: attribute access on an Enum class is slow, and this is the per-frame path.
 _AUDIO = InputKind.AUDIO
 _AUDIO_PART = InputKind.AUDIO_PART
-_CLIENT_INPUTS = (BinaryReceived, TextReceived)
+_AUDIO_BATCH = InputKind.AUDIO_BATCH
+_CLIENT_INPUTS = (BinaryReceived, TextReceived, AudioBatch)
 _IDLE_STATES = frozenset({State.AWAITING_START, State.STREAMING})
 
 _ENVELOPE_KINDS = {
@@ -206,6 +208,12 @@ class StreamSession:
             return InputKind.MALFORMED, exc
 
     def _assemble(self, event: Input) -> tuple[InputKind, object]:
+        if type(event) is AudioBatch:
+            if self._text_parts is not None or self._audio_parts is not None:
+                raise ProtocolError(
+                    ErrorCode.INVALID_MESSAGE, "whole messages inside an unfinished message"
+                )
+            return _AUDIO_BATCH, None
         if isinstance(event, BinaryReceived):
             if self._text_parts is not None:
                 raise ProtocolError(
@@ -291,33 +299,65 @@ class StreamSession:
             pcm = b"".join(self._audio_parts)
             self._audio_parts = None
             self._audio_size = 0
-        size = len(pcm)
-        self._check_frame_size(size)
-        if size == 0:
-            raise ProtocolError(ErrorCode.EMPTY_AUDIO, "audio frames must not be empty")
-        if size & 1:
-            raise ProtocolError(
-                ErrorCode.UNALIGNED_AUDIO,
-                f"audio frame of {size} bytes is not a whole number of 16-bit samples",
-            )
-        samples = self.samples + (size >> 1)
-        if samples > self._max_samples:
-            raise ProtocolError(
-                ErrorCode.DURATION_LIMIT,
-                f"audio exceeds the limit of {self.limits.max_duration_seconds:g} seconds",
-            )
+        samples = self.samples + (len(pcm) >> 1)
+        error = self._frame_error(len(pcm), samples)
+        if error is not None:
+            raise error
         self.samples = samples
         self.frames += 1
         self._actions.append(Feed(pcm=pcm))
+
+    def _on_audio_batch(self, rule: Rule, event: Input, payload: object) -> None:
+        # The same checks as _on_audio, frame by frame; the accepted prefix is fed even when
+        # a later frame fails, exactly as if the frames had come one input at a time.
+        assert isinstance(event, AudioBatch)
+        frames = event.frames
+        samples = self.samples
+        accepted = 0
+        error = None
+        for pcm in frames:
+            samples += len(pcm) >> 1
+            error = self._frame_error(len(pcm), samples)
+            if error is not None:
+                break
+            accepted += 1
+        if accepted:
+            self.samples += sum(len(f) for f in frames[:accepted]) >> 1
+            self.frames += accepted
+            pcm = frames[0] if accepted == 1 else b"".join(frames[:accepted])
+            self._actions.append(Feed(pcm=pcm, frames=accepted))
+        if error is not None:
+            raise error
+
+    def _frame_error(self, size: int, samples: int) -> ProtocolError | None:
+        """Why a whole frame of ``size`` bytes is refused (``samples``: the total with it)."""
+        if size > self.limits.max_frame_bytes:
+            return self._too_large_frame()
+        if size == 0:
+            return ProtocolError(ErrorCode.EMPTY_AUDIO, "audio frames must not be empty")
+        if size & 1:
+            return ProtocolError(
+                ErrorCode.UNALIGNED_AUDIO,
+                f"audio frame of {size} bytes is not a whole number of 16-bit samples",
+            )
+        if samples > self._max_samples:
+            return ProtocolError(
+                ErrorCode.DURATION_LIMIT,
+                f"audio exceeds the limit of {self.limits.max_duration_seconds:g} seconds",
+            )
+        return None
 
     def _check_frame_size(self, size: int) -> None:
         # Spec: frames are "no larger than TALKIES_STREAM_MAX_FRAME_BYTES"; checked on each
         # fragment, before it is buffered.
         if size > self.limits.max_frame_bytes:
-            raise ProtocolError(
-                ErrorCode.FRAME_TOO_LARGE,
-                f"audio frame exceeds the limit of {self.limits.max_frame_bytes} bytes",
-            )
+            raise self._too_large_frame()
+
+    def _too_large_frame(self) -> ProtocolError:
+        return ProtocolError(
+            ErrorCode.FRAME_TOO_LARGE,
+            f"audio frame exceeds the limit of {self.limits.max_frame_bytes} bytes",
+        )
 
     def _on_opened(self, rule: Rule, event: Input, payload: object) -> None:
         assert self.options is not None

@@ -40,6 +40,7 @@ class InputKind(StrEnum):
     MALFORMED = "malformed"  # a message the assembler or envelope parser rejected
     AUDIO_PART = "audio_part"  # a binary fragment that is not the message's last
     AUDIO = "audio"  # the last (or only) fragment of a binary message
+    AUDIO_BATCH = "audio_batch"  # whole binary messages in a row (AudioBatch)
     ENGINE_OPENED = "engine_opened"
     ENGINE_PARTIAL = "engine_partial"
     ENGINE_ENDPOINT = "engine_endpoint"
@@ -61,6 +62,7 @@ class Handler(StrEnum):
     BUFFER_TEXT = "buffer_text"
     BUFFER_AUDIO = "buffer_audio"
     AUDIO = "audio"
+    AUDIO_BATCH = "audio_batch"
     OPENED = "opened"
     PARTIAL = "partial"
     ENDPOINT = "endpoint"
@@ -119,6 +121,7 @@ def _allowed() -> dict[tuple[State, InputKind], Rule]:
     t[_S.STREAMING, _K.END] = _rule(Handler.END, _S.FLUSHING, _S.CLOSED)
     t[_S.STREAMING, _K.AUDIO_PART] = _rule(Handler.BUFFER_AUDIO, _S.STREAMING, _S.CLOSED)
     t[_S.STREAMING, _K.AUDIO] = _rule(Handler.AUDIO, _S.STREAMING, _S.CLOSED)
+    t[_S.STREAMING, _K.AUDIO_BATCH] = _rule(Handler.AUDIO_BATCH, _S.STREAMING, _S.CLOSED)
     t[_S.STREAMING, _K.ENGINE_PARTIAL] = _rule(Handler.PARTIAL, _S.STREAMING)
     t[_S.STREAMING, _K.ENGINE_ENDPOINT] = _rule(Handler.ENDPOINT, _S.STREAMING)
 
@@ -143,6 +146,7 @@ _REJECTED: dict[InputKind, ErrorCode] = {
     _K.MALFORMED: ErrorCode.INVALID_MESSAGE,
     _K.AUDIO_PART: ErrorCode.INVALID_AUDIO,
     _K.AUDIO: ErrorCode.INVALID_AUDIO,
+    _K.AUDIO_BATCH: ErrorCode.INVALID_AUDIO,
     _K.ENGINE_OPENED: ErrorCode.SERVER_ERROR,
     _K.ENGINE_PARTIAL: ErrorCode.SERVER_ERROR,
     _K.ENGINE_ENDPOINT: ErrorCode.SERVER_ERROR,

@@ -33,7 +33,7 @@ from ..protocol import (
     StreamSession,
     TextReceived,
 )
-from .driver import StreamDriver
+from .driver import ClientMessage, StreamDriver
 from .http import bearer_ok, error_body
 from .server import STREAM_PATH, session_limits
 
@@ -57,7 +57,7 @@ class _AsgiChannel:
         self._closed = False  # we sent websocket.close
         self._gone = False  # the peer disconnected
 
-    async def receive(self) -> list[TextReceived | BinaryReceived | PeerGone]:
+    async def receive(self) -> list[ClientMessage]:
         # ASGI hands over one whole message per receive.
         while not self._gone:
             message = await self._receive()

@@ -21,6 +21,7 @@ import anyio.abc
 from ..engines.base import EngineStream, EngineUnavailable, Refusal, StreamProvider
 from ..protocol import (
     Action,
+    AudioBatch,
     BinaryReceived,
     Close,
     EngineFailed,
@@ -41,7 +42,10 @@ from ..protocol import (
 )
 from ..protocol.messages import StartOptions
 
-__all__ = ["Channel", "StreamDriver"]
+__all__ = ["Channel", "ClientMessage", "StreamDriver"]
+
+# What a channel delivers: client messages (or fragments), and PeerGone last.
+ClientMessage = AudioBatch | TextReceived | BinaryReceived | PeerGone
 
 # The session's clock. Sleeps are relative, so it need not be the event loop's own clock, and
 # time.monotonic costs far less per frame than anyio.current_time().
@@ -53,7 +57,7 @@ log = logging.getLogger("talkies.transport")
 class Channel(Protocol):
     """A WebSocket as the driver needs it; implementations swallow transport errors."""
 
-    async def receive(self) -> list[TextReceived | BinaryReceived | PeerGone]:
+    async def receive(self) -> list[ClientMessage]:
         """The next message fragments (at least one), ending with PeerGone once the peer
         closed or vanished."""
         ...
@@ -128,7 +132,7 @@ class StreamDriver:
         while not self._peer_gone:
             await self._handle_batch(await self._channel.receive())
 
-    async def _handle_batch(self, batch: list[TextReceived | BinaryReceived | PeerGone]) -> None:
+    async def _handle_batch(self, batch: list[ClientMessage]) -> None:
         """Handle one read's messages; consecutive audio reaches the engine as one feed.
 
         The next read waits until this batch's actions ran, feeds included: a full engine

@@ -19,7 +19,8 @@ from wsproto.events import (
 from wsproto.frame_protocol import CloseReason
 from wsproto.utilities import LocalProtocolError
 
-from ..protocol import BinaryReceived, PeerGone, TextReceived
+from ..protocol import AudioBatch, BinaryReceived, PeerGone, TextReceived
+from .driver import ClientMessage
 
 __all__ = ["WsprotoChannel"]
 
@@ -56,25 +57,41 @@ class WsprotoChannel:
         self._send_lock = anyio.Lock()
         self._gone = False
         self._broken = False  # wsproto's parser failed: nothing more can be read
+        self._binary_open = False  # a fragmented binary message is half received
 
-    async def receive(self) -> list[TextReceived | BinaryReceived | PeerGone]:
+    async def receive(self) -> list[ClientMessage]:
         """Every message (fragment) wsproto parsed from the next read; PeerGone ends it.
 
-        One socket read (``read_size``) bounds a batch, so a connection never holds more than
-        that in parsed messages; the driver handles the whole batch before reading again.
+        Runs of whole binary messages come as one AudioBatch, so the session and the engine
+        are called once per read rather than once per 20 ms frame. One socket read
+        (``read_size``) bounds a batch; the driver handles it before reading again.
         """
-        out: list[TextReceived | BinaryReceived | PeerGone] = []
+        out: list[ClientMessage] = []
+        run: list[bytes] = []  # whole binary messages not yet in ``out``
         while not self._gone:
             for event in self._events:
                 # Data first, inline: this loop runs once per frame.
                 if type(event) is BytesMessage:
+                    if event.message_finished and not self._binary_open:
+                        run.append(bytes(event.data))
+                        continue
+                    if run:
+                        out.append(AudioBatch(frames=tuple(run)))
+                        run = []
+                    self._binary_open = not event.message_finished
                     out.append(BinaryReceived(data=bytes(event.data), final=event.message_finished))
                     continue
+                if run:
+                    out.append(AudioBatch(frames=tuple(run)))
+                    run = []
                 message = await self._on_event(event)
                 if message is not None:
                     out.append(message)
                 if self._gone:
                     break
+            if run:
+                out.append(AudioBatch(frames=tuple(run)))
+                run = []
             if out or self._gone:
                 break
             try:
