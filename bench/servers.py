@@ -38,6 +38,9 @@ KINDS = ("talkies", "talkies-inline", "bare", "starlette", "websockets")
 READY = json.dumps({"type": "ready"})
 
 
+READ_SIZE = 262144  # talkies.transport.http.HttpLimits.read_size
+
+
 def raise_fd_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
@@ -209,7 +212,7 @@ def run_bare(mode: str) -> None:
         http = h11.Connection(h11.SERVER)
         event = http.next_event()
         while event is h11.NEED_DATA:
-            http.receive_data(await stream.receive(65536))
+            http.receive_data(await stream.receive(READ_SIZE))
             event = http.next_event()
         if not isinstance(event, h11.Request):
             return
@@ -252,7 +255,9 @@ def run_bare(mode: str) -> None:
                     return
             if out:
                 await stream.send(bytes(out))
-            ws.receive_data(await stream.receive(65536))
+            # The same read size as talkies (HttpLimits.read_size), so only the layers on
+            # top of wsproto differ.
+            ws.receive_data(await stream.receive(READ_SIZE))
 
     async def main() -> None:
         listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)

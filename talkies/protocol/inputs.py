@@ -61,7 +61,9 @@ class AudioBatch:
     message is half-received (a pending fragment makes it ``invalid_message``).
     """
 
-    frames: tuple[bytes, ...]
+    # bytearray too: wsproto hands its payloads over as fresh bytearrays, and the session
+    # copies the accepted frames once, into the Feed, instead of once per frame here.
+    frames: tuple[bytes | bytearray, ...]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

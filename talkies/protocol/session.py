@@ -312,19 +312,29 @@ class StreamSession:
         # a later frame fails, exactly as if the frames had come one input at a time.
         assert isinstance(event, AudioBatch)
         frames = event.frames
-        samples = self.samples
-        accepted = 0
+        sizes = [len(f) for f in frames]
         error = None
-        for pcm in frames:
-            samples += len(pcm) >> 1
-            error = self._frame_error(len(pcm), samples)
-            if error is not None:
-                break
-            accepted += 1
+        if (
+            sizes
+            and min(sizes) > 0
+            and max(sizes) <= self.limits.max_frame_bytes
+            and not any(size & 1 for size in sizes)
+            and self.samples + (sum(sizes) >> 1) <= self._max_samples
+        ):
+            accepted = len(frames)  # the common case, checked for the whole batch at once
+        else:
+            samples = self.samples
+            accepted = 0
+            for size in sizes:
+                samples += size >> 1
+                error = self._frame_error(size, samples)
+                if error is not None:
+                    break
+                accepted += 1
         if accepted:
-            self.samples += sum(len(f) for f in frames[:accepted]) >> 1
+            self.samples += sum(sizes[:accepted]) >> 1
             self.frames += accepted
-            pcm = frames[0] if accepted == 1 else b"".join(frames[:accepted])
+            pcm = bytes(frames[0]) if accepted == 1 else b"".join(frames[:accepted])
             self._actions.append(Feed(pcm=pcm, frames=accepted))
         if error is not None:
             raise error

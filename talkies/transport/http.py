@@ -36,7 +36,7 @@ class HttpLimits:
     max_headers: int = 100
     head_timeout: float = 10.0  # from the first byte of a request to its last header
     keepalive_timeout: float = 60.0  # an idle keep-alive connection is closed after this
-    read_size: int = 65536
+    read_size: int = 262144
 
 
 def header(request: h11.Request, name: bytes) -> bytes | None:

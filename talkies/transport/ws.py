@@ -67,13 +67,13 @@ class WsprotoChannel:
         (``read_size``) bounds a batch; the driver handles it before reading again.
         """
         out: list[ClientMessage] = []
-        run: list[bytes] = []  # whole binary messages not yet in ``out``
+        run: list[bytes | bytearray] = []  # whole binary messages not yet in ``out``
         while not self._gone:
             for event in self._events:
                 # Data first, inline: this loop runs once per frame.
                 if type(event) is BytesMessage:
                     if event.message_finished and not self._binary_open:
-                        run.append(bytes(event.data))
+                        run.append(event.data)  # copied once, when the batch is joined
                         continue
                     if run:
                         out.append(AudioBatch(frames=tuple(run)))
