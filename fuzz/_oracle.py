@@ -31,6 +31,7 @@ from talkies.protocol import (
     MAX_CONTROL_BYTES,
     SAMPLE_RATE,
     Action,
+    AudioBatch,
     AuthRejected,
     BinaryReceived,
     Close,
@@ -42,6 +43,7 @@ from talkies.protocol import (
     EnginePartial,
     Error,
     ErrorCode,
+    Feed,
     Flush,
     Input,
     Open,
@@ -768,16 +770,46 @@ class SessionReport:
     actions: tuple[Action, ...]
 
 
-def check_session_program(data: bytes, limits: SessionLimits = FUZZ_LIMITS) -> SessionReport:
-    """Run the program ``data`` encodes through a session and a fragmenting replica.
+def _joined_feeds(actions: Sequence[Action]) -> list[Action]:
+    """``actions`` with each run of Feeds joined into one (their boundaries carry no meaning)."""
+    out: list[Action] = []
+    for action in actions:
+        last = out[-1] if out else None
+        if isinstance(action, Feed) and isinstance(last, Feed):
+            out[-1] = Feed(pcm=last.pcm + action.pcm, frames=last.frames + action.frames)
+        else:
+            out.append(action)
+    return out
 
-    Every input of both goes through ``SessionAudit.step``; after every step their actions
-    must be identical (a message split into fragments is still one message). At the end both
-    get ``PeerGone`` (every connection ends), which must close them, and must agree.
+
+def check_session_program(data: bytes, limits: SessionLimits = FUZZ_LIMITS) -> SessionReport:
+    """Run the program ``data`` encodes through a session and two replicas.
+
+    Every input goes through ``SessionAudit.step``. The fragmenting replica must give
+    identical actions after every step (a message split into fragments is still one message);
+    the batching replica gets runs of whole binary messages as one ``AudioBatch`` and must give
+    the same actions once Feeds are joined. At the end all get ``PeerGone`` (every connection
+    ends), which must close them, and they must agree.
     """
     steps = decode_program(data)
-    runs = [(StreamSession(limits, now=0.0), SessionAudit(), name) for name in ("whole", "split")]
-    (a, primary, _), (b, replica, _) = runs
+    names = ("whole", "split", "batched")
+    runs = [(StreamSession(limits, now=0.0), SessionAudit(), name) for name in names]
+    (a, primary, _), (b, replica, _), (c, batcher, _) = runs
+    batch: list[bytes] = []
+    batch_now = 0.0
+    batch_expected: list[Action] = []
+
+    def deliver_batch() -> None:
+        nonlocal batch, batch_expected
+        if batch:
+            got = deliver(c, batcher, [AudioBatch(frames=tuple(batch))], batch_now, "batched")
+            if _joined_feeds(got) != _joined_feeds(batch_expected):
+                raise InvariantViolation(
+                    f"AudioBatch of {len(batch)} frames differs from one input per frame:\n"
+                    f"  batched:   {got}\n  per frame: {batch_expected}"
+                )
+            batch, batch_expected = [], []
+
     for index, step in enumerate(steps):
         label = f"step {index} ({step.label})"
         whole = deliver(a, primary, step.whole, step.now, f"whole, {label}")
@@ -787,13 +819,34 @@ def check_session_program(data: bytes, limits: SessionLimits = FUZZ_LIMITS) -> S
                 f"{label}: whole and fragmented delivery differ:\n"
                 f"  whole:      {whole}\n  fragmented: {split}\n  fragments:  {step.split}"
             )
+        one = step.whole[0] if len(step.whole) == 1 else None
+        whole_binary = isinstance(one, BinaryReceived) and one.final
+        if whole_binary and c._audio_parts is None and c._text_parts is None:
+            assert isinstance(one, BinaryReceived)
+            batch.append(one.data)
+            batch_now = step.now
+            batch_expected += whole
+            continue
+        deliver_batch()
+        got = deliver(c, batcher, step.whole, step.now, f"batched, {label}")
+        if got != whole:
+            raise InvariantViolation(f"{label}: the batching replica differs: {got} / {whole}")
+    deliver_batch()
     end = steps[-1].now if steps else 0.0
     for session, audit, name in runs:
         deliver(session, audit, [PeerGone()], end, f"{name}, the end")
     mine = (a.state, a.frames, a.samples, a.revision, a.outcome, a.close_code)
-    theirs = (b.state, b.frames, b.samples, b.revision, b.outcome, b.close_code)
-    if mine != theirs:
-        raise InvariantViolation(f"whole and fragmented sessions end apart: {mine} / {theirs}")
+    for other in (b, c):
+        theirs = (
+            other.state,
+            other.frames,
+            other.samples,
+            other.revision,
+            other.outcome,
+            other.close_code,
+        )
+        if mine != theirs:
+            raise InvariantViolation(f"the replicas end apart: {mine} / {theirs}")
     return SessionReport(
         steps=len(steps),
         outcome=a.outcome,
