@@ -249,9 +249,6 @@ def part_a(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 def serve(model_dir: Path, batch: bool) -> None:
     """Child process: the real talkies Server with this model, until SIGTERM."""
-    import signal
-
-    import anyio
 
     from talkies.config import Settings
     from talkies.engines.base import EngineStream, Refusal
@@ -278,16 +275,9 @@ def serve(model_dir: Path, batch: bool) -> None:
 
     server = Server(settings, Provider())
 
-    async def main() -> None:
-        async with anyio.create_task_group() as tg:
-            await tg.start(server.serve)
-            print(f"PORT {server.port}", flush=True)
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for _ in signals:
-                    await server.shutdown(0.5)
-                    break
+    from _serve import serve_until_signal  # bench/ is this script's folder
 
-    anyio.run(main)
+    serve_until_signal(server)
     model.close()
 
 

@@ -138,9 +138,6 @@ def in_process(model: Any, pcm: bytes) -> tuple[float, str, list[tuple[str, floa
 
 def serve(model_file: Path, opts: dict[str, Any]) -> None:
     """Child process: the real talkies Server with the whisper model, until SIGTERM."""
-    import signal
-
-    import anyio
 
     from talkies.config import Settings
     from talkies.engines.base import EngineStream, Refusal
@@ -162,19 +159,10 @@ def serve(model_file: Path, opts: dict[str, Any]) -> None:
 
     server = Server(settings, Provider())
 
-    async def main() -> None:
-        async with anyio.create_task_group() as tg:
-            await tg.start(server.serve)
-            print(f"PORT {server.port}", flush=True)
-            with anyio.open_signal_receiver(signal.SIGUSR1, signal.SIGTERM) as signals:
-                async for signum in signals:
-                    if signum == signal.SIGUSR1:  # report the last stream's decodes
-                        print(json.dumps(record), flush=True)
-                        continue
-                    await server.shutdown(0.5)
-                    break
+    from _serve import serve_until_signal  # bench/ is this script's folder
 
-    anyio.run(main)
+    # SIGUSR1: report the last stream's decodes.
+    serve_until_signal(server, on_usr1=lambda: print(json.dumps(record), flush=True))
     model.close()
 
 

@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import json
 import resource
-import signal
 import socket
 import struct
 import sys
@@ -174,17 +173,9 @@ def run_talkies(mode: str, frame_bytes: int, *, inline: bool = False) -> None:
     )
     server = Server(settings, Provider())
 
-    async def main() -> None:
-        async with anyio.create_task_group() as tg:
-            await tg.start(server.serve)
-            assert server.port is not None
-            announce(server.port)
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for _ in signals:
-                    await server.shutdown(0.5)
-                    break
+    from _serve import serve_until_signal  # bench/ is this script's folder
 
-    anyio.run(main)
+    serve_until_signal(server)
 
 
 # -- (a) a bare anyio + wsproto loop -------------------------------------------------------------
