@@ -11,6 +11,7 @@ import ssl
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -45,6 +46,11 @@ def _parser() -> argparse.ArgumentParser:
     msub = models.add_subparsers(dest="models_command", required=True)
     listing = msub.add_parser("list", help="configured models: downloaded? streaming?")
     listing.add_argument("--json", action="store_true", help="one JSON object per model")
+    listing.add_argument(
+        "--server",
+        metavar="URL",
+        help="ask a running server (e.g. http://127.0.0.1:8000), which also knows what is loaded",
+    )
     pull = msub.add_parser("pull", help="download models now (default: every enabled model)")
     pull.add_argument("slugs", nargs="*")
     imp = msub.add_parser(
@@ -112,7 +118,16 @@ def _models(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     registry = build_registry(settings)
     if args.models_command == "list":
-        rows = ModelPool(registry, settings, validate=False).status()
+        if args.server:
+            try:
+                rows = _server_models(args.server, settings.auth_token)
+            except (OSError, ValueError, KeyError) as exc:
+                sys.stderr.write(f"talkies: could not list the models of {args.server}: {exc}\n")
+                return 1
+        else:
+            rows = ModelPool(registry, settings, validate=False).status()
+            for row in rows:
+                del row["loaded"], row["in_use"], row["pinned"]  # only a server knows these
         for row in rows:
             if args.json:
                 sys.stdout.write(json.dumps(row) + "\n")
@@ -121,6 +136,9 @@ def _models(args: argparse.Namespace, settings: Settings) -> int:
                     "streaming" if row["streaming"] else "offline",
                     "downloaded" if row["downloaded"] else "not downloaded",
                 ]
+                if "loaded" in row:
+                    flags.append("loaded" if row["loaded"] else "not loaded")
+                    flags += ["pinned"] if row["pinned"] else []
                 sys.stdout.write(f"{row['model']:40s} {row['executor']:14s} {', '.join(flags)}\n")
         return 0
     slugs = args.slugs or list(registry)
@@ -138,6 +156,18 @@ def _models(args: argparse.Namespace, settings: Settings) -> int:
         else:
             sys.stdout.write(f"{slug}: {path}\n")
     return 1 if failed else 0
+
+
+def _server_models(url: str, token: str | None) -> list[dict[str, Any]]:
+    """The rows of a running server's ``GET /v1/models``."""
+    import urllib.request
+
+    request = urllib.request.Request(url.rstrip("/") + "/v1/models")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        data = json.load(response)["data"]
+    return [{"model": row.pop("id"), **row} for row in data]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

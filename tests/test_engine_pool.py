@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
 from talkies.config import Settings
@@ -260,8 +263,23 @@ def test_pool_over_the_wire(tmp_path: Path) -> None:
         b.send(json.dumps({**START, "model": "b"}))
         events, code, _ = drain(b)
         assert [e["code"] for e in events] == ["model_busy"] and code == 4409
+        models = httpx.get(server.http + "/v1/models").json()["data"]
+        row = {m["id"]: m for m in models}["a"]
+        assert (row["loaded"], row["pinned"], row["in_use"]) == (True, True, 1)
+        # The spec: unloading a pinned model is HTTP 409.
+        assert httpx.delete(server.http + "/v1/models/a").status_code == 409
+        assert httpx.delete(server.http + "/v1/models/nope").status_code == 404
+        listing = subprocess.run(
+            [sys.executable, "-m", "talkies", "models", "list", "--server", server.http],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert "a " in listing.stdout and "loaded, pinned" in listing.stdout, listing
         a.send(speech(0.1))
         a.send(json.dumps({"type": "end"}))
         assert drain(a)[1] == 1000
         server.wait_idle()
         assert pool.pinned is None and pool.in_use("a") == 0
+        unloaded = httpx.delete(server.http + "/v1/models/a")
+        assert unloaded.status_code == 200 and pool.loaded() == []
