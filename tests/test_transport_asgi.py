@@ -147,3 +147,8 @@ def test_http_routes(asgi_host: str) -> None:
     assert httpx.get(f"http://{asgi_host}/healthz").json() == {"status": "ok"}
     assert httpx.get(f"http://{asgi_host}/nope").status_code == 401
     assert httpx.get(f"http://{asgi_host}/nope", headers=AUTH).status_code == 404
+    # The models routes answer the same as the standalone server's (no pool here: no rows).
+    models = httpx.get(f"http://{asgi_host}/v1/models", headers=AUTH)
+    assert models.json() == {"object": "list", "data": []}
+    assert httpx.delete(f"http://{asgi_host}/v1/models/x", headers=AUTH).status_code == 404
+    assert httpx.post(f"http://{asgi_host}/v1/models", headers=AUTH).status_code == 405

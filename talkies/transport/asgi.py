@@ -35,6 +35,7 @@ from ..protocol import (
 )
 from .driver import ClientMessage, StreamDriver
 from .http import bearer_ok, error_body
+from .routes import is_models_path, models_route
 from .server import STREAM_PATH, session_limits
 
 __all__ = ["TalkiesASGI", "create_app"]
@@ -127,6 +128,7 @@ class TalkiesASGI:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
+        headers = [(b"content-type", b"application/json")]
         if path == "/healthz":
             status, body = 200, {"status": "ok"}
         elif not self._authorized(scope):
@@ -137,10 +139,12 @@ class TalkiesASGI:
         elif path == _STREAM_PATH:
             status = 405 if method != "GET" else 426
             body = error_body(status, "this route needs a WebSocket upgrade", "upgrade_required")
+        elif is_models_path(path):
+            status, body, extra = await models_route(self.provider, method, path)
+            headers += extra
         else:
             status, body = 404, error_body(404, "not found", "not_found")
         payload = json.dumps(body, separators=(",", ":")).encode()
-        headers = [(b"content-type", b"application/json")]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
 

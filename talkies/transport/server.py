@@ -20,7 +20,6 @@ from anyio.streams.tls import TLSListener
 
 from ..config import Settings
 from ..engines.base import NoModels, StreamProvider
-from ..engines.pool import ModelConflict, ModelPool
 from ..protocol import AuthRejected, ErrorCode, Input, Refused, SessionLimits, StreamSession
 from .driver import StreamDriver
 from .http import (
@@ -32,6 +31,7 @@ from .http import (
     send_json,
     upgrade_problem,
 )
+from .routes import is_models_path, models_route
 from .ws import WsprotoChannel
 
 __all__ = ["STREAM_PATH", "Server", "ServerOptions", "session_limits"]
@@ -252,7 +252,7 @@ class Server:
         if not authorized(request, token):
             await self._unauthorized(conn, stream)
             return False
-        if path == b"/v1/models" or path.startswith(b"/v1/models/"):
+        if is_models_path(path.decode("utf-8", "replace")):
             await self._models(conn, stream, method, path)
             return False
         await send_json(conn, stream, 404, error_body(404, "not found", "not_found"))
@@ -261,37 +261,10 @@ class Server:
     async def _models(
         self, conn: h11.Connection, stream: anyio.abc.ByteStream, method: bytes, path: bytes
     ) -> None:
-        """``GET /v1/models`` (the registry and what is loaded) and ``DELETE /v1/models/{slug}``
-        (unload; 409 while streams pin the model or requests use it)."""
-        pool = self.provider if isinstance(self.provider, ModelPool) else None
-        slug = (
-            path[len(b"/v1/models/") :].decode("utf-8", "replace") if path != b"/v1/models" else ""
+        status, body, headers = await models_route(
+            self.provider, method.decode("ascii", "replace"), path.decode("utf-8", "replace")
         )
-        if not slug:
-            if method != b"GET":
-                await self._method_not_allowed(conn, stream, b"GET")
-                return
-            rows = pool.status() if pool is not None else []
-            data = [
-                {"id": row.pop("model"), "object": "model", "owned_by": "talkies", **row}
-                for row in rows
-            ]
-            await send_json(conn, stream, 200, {"object": "list", "data": data})
-            return
-        if method != b"DELETE":
-            await self._method_not_allowed(conn, stream, b"DELETE")
-            return
-        if pool is None or pool.entry(slug) is None:
-            await send_json(
-                conn, stream, 404, error_body(404, f"unknown model {slug!r}", "model_not_found")
-            )
-            return
-        try:
-            await pool.unload(slug)
-        except ModelConflict as exc:
-            await send_json(conn, stream, 409, error_body(409, str(exc), "model_in_use"))
-            return
-        await send_json(conn, stream, 200, {"id": slug, "object": "model", "loaded": False})
+        await send_json(conn, stream, status, body, headers)
 
     async def _method_not_allowed(
         self, conn: h11.Connection, stream: anyio.abc.ByteStream, allow: bytes
