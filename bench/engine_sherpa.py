@@ -52,7 +52,6 @@ REFERENCE_B = {"bare_one": 0.33, "bare_four_sequential": 1.34}  # seconds, measu
 GOAL_A = 2.0
 GOAL_B_ONE = 0.8
 GOAL_B_FOUR = 1.0
-TAIL = 0.66
 TRANSDUCER = {
     "tokens": "tokens.txt",
     "encoder": "encoder.onnx",
@@ -82,25 +81,6 @@ def entry(root: Path, *, batch: bool, slug: str = "bench") -> Any:
         sherpa_config=MappingProxyType({**TRANSDUCER, "num_threads": 1}),
         options=MappingProxyType({"batch": batch}),
     )
-
-
-def bare_decode(recognizer: Any, pcm: bytes) -> tuple[list[str], str]:
-    """sherpa-onnx called directly: every chunk, endpoint checks, then the tail."""
-    stream = recognizer.create_stream()
-    stream.accept_waveform(16000, np.frombuffer(pcm, "<i2").astype(np.float32) / 32768)
-    endpoints: list[str] = []
-    while recognizer.is_ready(stream):
-        recognizer.decode_stream(stream)
-        if recognizer.is_endpoint(stream):
-            text = recognizer.get_result(stream)
-            if text:
-                endpoints.append(text)
-            recognizer.reset(stream)
-    stream.accept_waveform(16000, np.zeros(round(TAIL * 16000), dtype=np.float32))
-    stream.input_finished()
-    while recognizer.is_ready(stream):
-        recognizer.decode_stream(stream)
-    return endpoints, recognizer.get_result(stream)
 
 
 # -- (a) batching ----------------------------------------------------------------------------------
@@ -367,17 +347,17 @@ def part_b(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         num_threads=1,
         enable_endpoint_detection=True,
     )
-    bare_decode(recognizer, pcm[: 32000 * 5])  # warm up
+    gen.decode_directly(recognizer, pcm[: 32000 * 5])  # warm up
     bare_one = bare_four = bare_cpu_one = bare_cpu_four = float("inf")
     expected: tuple[list[str], str] = ([], "")
     for _ in range(args.repeat):
         started, cpu = time.perf_counter(), time.process_time()
-        expected = bare_decode(recognizer, pcm)
+        expected = gen.decode_directly(recognizer, pcm)
         bare_one = min(bare_one, time.perf_counter() - started)
         bare_cpu_one = min(bare_cpu_one, time.process_time() - cpu)
         started, cpu = time.perf_counter(), time.process_time()
         for _ in range(4):
-            bare_decode(recognizer, pcm)
+            gen.decode_directly(recognizer, pcm)
         bare_four = min(bare_four, time.perf_counter() - started)
         bare_cpu_four = min(bare_cpu_four, time.process_time() - cpu)
     print(

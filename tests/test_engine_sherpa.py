@@ -45,7 +45,6 @@ GOFORWARD = Path("/usr/share/pocketsphinx/test/data/goforward.raw")
 LSTM = "sherpa-tiny"
 CTC = "sherpa-ctc"
 FACTORY = {LSTM: "from_transducer", CTC: "from_wenet_ctc"}
-TAIL = 0.66
 
 
 # -- audio -------------------------------------------------------------------------------------
@@ -135,26 +134,6 @@ def models(
 # -- the reference: sherpa-onnx called directly --------------------------------------------------
 
 
-def reference(recognizer: Any, pcm: bytes) -> tuple[list[str], str]:
-    """(non-empty endpoint texts, final text) for ``pcm`` decoded directly."""
-    stream = recognizer.create_stream()
-    samples = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / np.float32(32768)
-    stream.accept_waveform(16000, samples)
-    endpoints: list[str] = []
-    while recognizer.is_ready(stream):
-        recognizer.decode_stream(stream)
-        if recognizer.is_endpoint(stream):
-            text = recognizer.get_result(stream)
-            if text:
-                endpoints.append(text)
-            recognizer.reset(stream)
-    stream.accept_waveform(16000, np.zeros(round(TAIL * 16000), dtype=np.float32))
-    stream.input_finished()
-    while recognizer.is_ready(stream):
-        recognizer.decode_stream(stream)
-    return endpoints, recognizer.get_result(stream)
-
-
 def transcript(events: Sequence[Any]) -> tuple[list[str], str]:
     endpoints = [e.text for e in events if isinstance(e, EngineEndpoint) and e.text]
     finals = [e for e in events if isinstance(e, EngineFinal)]
@@ -229,7 +208,9 @@ def test_speech_gives_endpoints_in_trailing_silence_and_words(
     assert endpoints[1].words[0].start > len(speech) / 16000
     assert isinstance(events[-1], EngineFinal) and events[-1].text == ""
     assert any(isinstance(e, EnginePartial) and e.text for e in events)
-    assert (endpoints[0].text, endpoints[1].text) == tuple(reference(model.recognizer, pcm)[0])
+    assert (endpoints[0].text, endpoints[1].text) == tuple(
+        gen.decode_directly(model.recognizer, pcm)[0]
+    )
 
 
 def test_silence_gives_no_text(models: dict[str, engine.SherpaModel]) -> None:
@@ -245,7 +226,7 @@ def test_ctc_model_decodes(models: dict[str, engine.SherpaModel], speech: np.nda
     model = models[CTC]
     pcm = utterances(speech, [1.0])
     events = anyio.run(decode_stream, model, pcm)
-    assert transcript(events) == reference(model.recognizer, pcm)
+    assert transcript(events) == gen.decode_directly(model.recognizer, pcm)
     assert "".join(transcript(events)[0]) + transcript(events)[1]  # random, but not nothing
 
 
@@ -375,7 +356,7 @@ def test_batched_streams_equal_streams_decoded_alone(
     model = models[LSTM]
     assert model.batcher is not None
     audios = many_audios(speech, 8)
-    expected = [reference(model.recognizer, pcm) for pcm in audios]
+    expected = [gen.decode_directly(model.recognizer, pcm) for pcm in audios]
     calls, chunks = model.batcher.decode_calls, model.batcher.decoded_chunks
     results: dict[int, list[Any]] = {}
 
@@ -408,7 +389,7 @@ def test_unbatched_mode_equals_reference(
         audios = many_audios(speech, 3)
         for pcm in audios:
             events = anyio.run(decode_stream, model, pcm, [1000, 4096, 2])
-            assert transcript(events) == reference(model.recognizer, pcm)
+            assert transcript(events) == gen.decode_directly(model.recognizer, pcm)
     finally:
         model.close()
 
@@ -483,7 +464,7 @@ def test_close_waits_for_the_decode_in_flight(
         assert model.batcher is not None and not model.batcher._slots
         # The model still works afterwards.
         events = anyio.run(decode_stream, model, pcm)
-        assert transcript(events) == reference(models[LSTM].recognizer, pcm)
+        assert transcript(events) == gen.decode_directly(models[LSTM].recognizer, pcm)
     finally:
         model.close()
     assert model.batcher._thread is not None and not model.batcher._thread.is_alive()
@@ -553,7 +534,7 @@ def test_feed_waits_while_the_queue_is_full(
     finally:
         model.close()
     assert peak <= 8000
-    assert transcript(events) == reference(models[LSTM].recognizer, pcm)
+    assert transcript(events) == gen.decode_directly(models[LSTM].recognizer, pcm)
 
 
 # -- parity over the wire ------------------------------------------------------------------------
@@ -612,7 +593,7 @@ def test_wire_transcript_equals_sherpa_in_process(
     body = np.frombuffer(utterances(speech, gains, gap=1.6), dtype="<i2")
     pcm = np.concatenate([silence(lead), body]).astype("<i2").tobytes()
     assert len(pcm) / 32000 < 9.5  # the test server's stream_max_duration is 10 s
-    expected = reference(models[slug].recognizer, pcm)
+    expected = gen.decode_directly(models[slug].recognizer, pcm)
     if slug == LSTM:
         assert expected[0], "the LSTM model endpoints in 1.6 s gaps"
     assert over_the_wire(server.url, slug, pcm, sizes) == expected
@@ -648,6 +629,6 @@ def test_clients_that_cancel_or_vanish_free_their_streams(
     while model.batcher._slots and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not model.batcher._slots, "every engine stream was freed"
-    expected = reference(model.recognizer, pcm)
+    expected = gen.decode_directly(model.recognizer, pcm)
     assert len(expected[0]) == 2
     assert over_the_wire(server.url, LSTM, pcm, [4096]) == expected

@@ -39,8 +39,6 @@ class DecodeRounds:
         self._limiter = limiter
         self._ready: deque[ThreadedStream] = deque()
         self._running = 0
-        self.rounds = 0  # completed rounds, for tests and benchmarks
-        self.jobs = 0  # stream decodes done in those rounds
 
     def _enqueue(self, stream: ThreadedStream) -> None:
         self._ready.append(stream)
@@ -71,8 +69,6 @@ class DecodeRounds:
                 )
         finally:
             self._running -= 1
-            self.rounds += 1
-            self.jobs += len(batch)
         for (stream, _audio, _finish), events in zip(batch, outcomes, strict=True):
             stream._busy = False
             stream._deliver(events)

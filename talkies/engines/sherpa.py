@@ -564,7 +564,6 @@ class _Batcher:
         # Counters for tests and benches.
         self.decode_calls = 0
         self.decoded_chunks = 0
-        self.rounds = 0
 
     # -- loop side (any thread) ----------------------------------------------------------------
 
@@ -721,7 +720,6 @@ class _Batcher:
 
     def _round(self, work: list[tuple[_Slot, bytes | None, bool]]) -> dict[int, list[EngineEvent]]:
         """No lock held; the slots in ``work`` are in flight (owned by this thread)."""
-        self.rounds += 1
         outputs: dict[int, list[EngineEvent]] = {id(s): [] for s, _, _ in work}
         live: list[_Slot] = []
         for slot, pcm, finish in work:

@@ -425,3 +425,30 @@ def probe(factory: str, directory: Path, config: Mapping[str, object], timeout: 
         )
     text: str = json.loads(lines[-1][len(marker) :])
     return text
+
+
+# The engine's default tail_padding: silence added before input_finished() so the last partial
+# chunk is decoded (sherpa-onnx's own examples do the same).
+TAIL_SECONDS = 0.66
+
+
+def decode_directly(recognizer: Any, pcm: bytes) -> tuple[list[str], str]:
+    """sherpa-onnx called directly, as the engine should behave: (non-empty endpoint texts,
+    final text) for ``pcm``, checking for an endpoint after every chunk. The tests' parity
+    reference and the benchmark's bare baseline."""
+    stream = recognizer.create_stream()
+    samples = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / np.float32(32768)
+    stream.accept_waveform(16000, samples)
+    endpoints: list[str] = []
+    while recognizer.is_ready(stream):
+        recognizer.decode_stream(stream)
+        if recognizer.is_endpoint(stream):
+            text = recognizer.get_result(stream)
+            if text:
+                endpoints.append(text)
+            recognizer.reset(stream)
+    stream.accept_waveform(16000, np.zeros(round(TAIL_SECONDS * 16000), dtype=np.float32))
+    stream.input_finished()
+    while recognizer.is_ready(stream):
+        recognizer.decode_stream(stream)
+    return endpoints, recognizer.get_result(stream)
