@@ -325,3 +325,15 @@ def test_word_validation() -> None:
     with pytest.raises(ValueError):
         Word(word="x", start=float("nan"), end=1)
     assert Word(word="x", start=0, end=1).to_dict() == {"word": "x", "start": 0.0, "end": 1.0}
+
+
+def test_language_tags_are_limited_to_35_characters() -> None:
+    # Both tags match the BCP-47 shape; only their length differs (the table has the reject).
+    longest = "en-Latn-US-abcdefgh-abcdefgh-abcdef"
+    assert len(longest) == 35
+    s = session_in(State.AWAITING_START)
+    (open_,) = feed(s, text(start_text(language=longest)))
+    assert isinstance(open_, Open) and open_.options.language == longest
+    s = session_in(State.AWAITING_START)
+    actions = feed(s, text(start_text(language=longest + "g")))
+    assert error_of(actions) == ("invalid_language", 4400)
