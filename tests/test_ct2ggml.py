@@ -174,11 +174,6 @@ def test_rejects_what_it_cannot_convert(tmp_path: Path) -> None:
     assert not out.exists() and not list(tmp_path.glob("*.partial"))
 
 
-def test_missing_distribution_is_reported(tmp_path: Path) -> None:
-    with pytest.raises(Ct2FormatError, match="not installed"):
-        ct2ggml.assemble_split_checkpoint(["no-such-distribution-xyz"], tmp_path)
-
-
 @needs_whispercpp
 def test_converted_tiny_model_loads_in_whisper_cpp(tmp_path: Path) -> None:
     from talkies.engines.whisper import DecodeRequest, RollingConfig, WhisperModel

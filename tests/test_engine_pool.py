@@ -189,10 +189,14 @@ async def test_repo_entries_use_the_local_snapshot(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path)
     loads = Loads()
     pool = ModelPool({"hub": entry}, settings, loader=loads, validate=False, local_files_only=True)
-    with pytest.raises(EngineUnavailable, match="'hub': could not fetch org/model@cccccccccccc"):
+    with pytest.raises(EngineUnavailable) as failed:
         await pool.open_stream(_opts("hub"))
+    message = str(failed.value)
+    assert "model 'hub' could not be downloaded from org/model@cccccccccccc" in message
+    assert "talkies models pull hub" in message and "'path' entry" in message
+    assert list((tmp_path / "models").iterdir()) == []  # the failed attempt left nothing
     snapshot = tmp_path / "models" / "hub"
-    snapshot.mkdir(parents=True, exist_ok=True)  # the failed attempt left it empty
+    snapshot.mkdir()
     (snapshot / "tokens.txt").write_text("x")
     stream = await pool.open_stream(_opts("hub"))  # huggingface_hub accepts the local copy
     await stream.aclose()

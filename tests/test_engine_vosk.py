@@ -172,6 +172,23 @@ def baseline(model: engine.VoskModel, speech: bytes) -> list[Event]:
     return run(model, speech)
 
 
+def same_events(a: Sequence[Event], b: Sequence[Event], tolerance: float = 0.002) -> bool:
+    """Equal events, word times within ``tolerance`` seconds: Kaldi's word times come out of
+    float sums whose order can depend on the process's heap layout, so a run after other
+    native code was loaded may differ in the sixth decimal (seen: 0.705791 vs 0.70579)."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if type(x) is not type(y) or x.text != y.text or len(x.words) != len(y.words):
+            return False
+        for u, v in zip(x.words, y.words, strict=True):
+            if u.word != v.word or abs(u.start - v.start) > tolerance:
+                return False
+            if abs(u.end - v.end) > tolerance:
+                return False
+    return True
+
+
 def utterances(events: Sequence[Event]) -> list[Event]:
     return [e for e in events if not isinstance(e, EnginePartial)]
 
@@ -231,7 +248,7 @@ def test_partial_words_option(
     for partial in partials:
         check_words(partial.words, len(speech) / 32000)
     # The option changes what partials show, never the utterances.
-    assert utterances(events) == utterances(baseline)
+    assert same_events(utterances(events), utterances(baseline))
     # Without word timestamps the option has no effect.
     assert all(e.words == () for e in run(shared, speech[:96000], words=False))
 
@@ -252,9 +269,9 @@ def test_no_words_or_partials_unless_requested(
 def test_same_audio_same_events(
     model: engine.VoskModel, speech: bytes, baseline: list[Event]
 ) -> None:
-    assert run(model, speech) == baseline
+    assert same_events(run(model, speech), baseline)
     # Framing changes when partials are looked at, never the utterances.
-    assert utterances(run(model, speech, (4096, 2, 1000, 3198))) == utterances(baseline)
+    assert same_events(utterances(run(model, speech, (4096, 2, 1000, 3198))), utterances(baseline))
 
 
 def test_engine_equals_vosk_called_directly(

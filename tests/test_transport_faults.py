@@ -27,9 +27,12 @@ def _started(server: RunningServer, model: str = "tiny-test") -> socket.socket:
 def test_client_vanishes_mid_handshake(server: RunningServer) -> None:
     sock = socket.create_connection(("127.0.0.1", server.port))
     sock.sendall(b"GET /v1/audio/transcriptions/stream HTTP/1.1\r\nHost: x\r\nUpgr")
+    server.wait_connections(1)  # the server holds it while the head is incomplete...
     sock.close()
     sock = socket.create_connection(("127.0.0.1", server.port))
     sock.close()
+    # ...and lets go of both once they are gone: a server stuck on them would fail here.
+    server.wait_connections(0)
     server.wait_idle()
 
 

@@ -118,3 +118,25 @@ def test_websocket_version_and_key_are_checked(server: RunningServer) -> None:
         headers={**base, "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "short"},
     )
     assert r.status_code == 400
+
+
+def test_status_lines_carry_reason_phrases(server: RunningServer) -> None:
+    for request, status_line in [
+        (b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", b"HTTP/1.1 200 OK\r\n"),
+        (b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n", b"HTTP/1.1 404 Not Found\r\n"),
+        (b"POST /healthz HTTP/1.1\r\nHost: x\r\n\r\n", b"HTTP/1.1 405 Method Not Allowed\r\n"),
+    ]:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            sock.sendall(request)
+            assert sock.recv(65536).startswith(status_line)
+    from .wire import raw_connect
+
+    sock, _ = raw_connect(server.port)  # asserts the 101 line itself; check its reason here
+    sock.close()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+        sock.sendall(
+            b"GET /v1/audio/transcriptions/stream HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            b"Sec-WebSocket-Version: 13\r\n\r\n"
+        )
+        assert sock.recv(65536).startswith(b"HTTP/1.1 101 Switching Protocols\r\n")

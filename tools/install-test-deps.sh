@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Everything the test suite needs on a fresh Debian/Ubuntu machine: the virtual environment
 # with the project and its dev extra, and the Debian packages that provide real speech audio
-# (pocketsphinx-testdata) and synthetic speech (espeak-ng, sox).
+# (pocketsphinx-testdata), synthetic speech (espeak-ng, sox) and ffmpeg, which converts audio
+# as the spec and the quick start show it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
-for pkg in espeak-ng pocketsphinx-testdata sox; do
+for pkg in espeak-ng ffmpeg pocketsphinx-testdata sox; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if ((${#missing[@]})); then

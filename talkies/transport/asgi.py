@@ -1,8 +1,13 @@
 """The live-ASR session inside any ASGI server (uvicorn, hypercorn, Starlette, FastAPI).
 
 ``create_app(settings, provider)`` returns an ASGI application serving the same routes, limits
-and close codes as the standalone server. What the host server must be told, because ASGI hands
-over whole messages and owns the socket:
+and close codes as the standalone server; with no arguments it reads ``TALKIES_*`` and serves
+the configured registry exactly as ``talkies serve`` does, so a host can build it itself::
+
+    uvicorn --factory talkies.transport.asgi:create_app --ws-max-size 65536 \
+        --ws-per-message-deflate false
+
+What the host server must be told, because ASGI hands over whole messages and owns the socket:
 
 - its WebSocket message size limit, to ``max(4096, TALKIES_STREAM_MAX_FRAME_BYTES)``
   (uvicorn ``--ws-max-size``, hypercorn ``websocket_max_message_size``), so oversized frames
@@ -10,11 +15,16 @@ over whole messages and owns the socket:
 - no permessage-deflate (uvicorn ``--ws-per-message-deflate false``), so a small compressed
   message cannot inflate past the limits inside the host;
 - its own ping interval and timeouts; the session's idle timeout runs here regardless.
+
+The host answers a client's close frame itself, before the application hears of it; every
+close the server starts is sent only once the stream's slots are free, as in the standalone
+server.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -22,7 +32,9 @@ from typing import Any
 import anyio
 
 from ..config import Settings
-from ..engines.base import NoModels, StreamProvider
+from ..engines.base import StreamProvider
+from ..engines.pool import ModelPool
+from ..engines.slots import Slot, Slots
 from ..protocol import (
     AuthRejected,
     BinaryReceived,
@@ -98,15 +110,20 @@ class TalkiesASGI:
     def __init__(
         self,
         settings: Settings,
-        provider: StreamProvider | None = None,
+        provider: StreamProvider,
         *,
         close_timeout: float = 5.0,
     ) -> None:
         self.settings = settings
-        self.provider: StreamProvider = provider if provider is not None else NoModels()
+        self.provider = provider
         self._limits = session_limits(settings)
         self._close_timeout = close_timeout
-        self.active_streams = 0
+        self._slots = Slots(settings.stream_max_connections)
+
+    @property
+    def active_streams(self) -> int:
+        """WebSocket streams holding a server-wide slot right now."""
+        return self._slots.held
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -115,11 +132,22 @@ class TalkiesASGI:
         elif kind == "http":
             await self._http(scope, receive, send)
         elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        """Run the pool's idle-model sweeper while the host runs; unload models at the end."""
+        pool = self.provider if isinstance(self.provider, ModelPool) else None
+        async with anyio.create_task_group() as tg:
             while True:
                 message = await receive()
                 if message["type"] == "lifespan.startup":
+                    if pool is not None:
+                        tg.start_soon(pool.run_sweeper)
                     await send({"type": "lifespan.startup.complete"})
                 elif message["type"] == "lifespan.shutdown":
+                    tg.cancel_scope.cancel()
+                    if pool is not None:
+                        await pool.aclose()
                     await send({"type": "lifespan.shutdown.complete"})
                     return
 
@@ -158,26 +186,29 @@ class TalkiesASGI:
         await send({"type": "websocket.accept"})
         channel = _AsgiChannel(receive, send)
         session = StreamSession(self._limits, now=time.monotonic())
-        driver = StreamDriver(session, channel, self.provider, close_timeout=self._close_timeout)
         first: Input | None = None
+        slot: Slot | None = None
         if not self._authorized(scope):
             first = AuthRejected()
-        elif self.active_streams >= self.settings.stream_max_connections:
+        elif (slot := await self._slots.acquire()) is None:
             first = Refused(
                 code=ErrorCode.CONNECTION_LIMIT,
                 detail=f"the server's limit of {self.settings.stream_max_connections} "
                 "concurrent streams is reached",
             )
-        counted = first is None
-        if counted:
-            self.active_streams += 1
-        try:
-            await driver.run(first)
-        finally:
-            if counted:
-                self.active_streams -= 1
+        driver = StreamDriver(
+            session, channel, self.provider, close_timeout=self._close_timeout, slot=slot
+        )
+        await driver.run(first)
 
 
-def create_app(settings: Settings, provider: StreamProvider | None = None) -> TalkiesASGI:
-    """An ASGI application for ``settings``, opening streams from ``provider``."""
+def create_app(
+    settings: Settings | None = None, provider: StreamProvider | None = None
+) -> TalkiesASGI:
+    """An ASGI application for ``settings`` (default: from ``TALKIES_*``), opening streams
+    from ``provider`` (default: the configured registry, as ``talkies serve`` has it)."""
+    if settings is None:
+        settings = Settings.from_env(os.environ)
+    if provider is None:
+        provider = ModelPool.from_settings(settings)
     return TalkiesASGI(settings, provider)

@@ -7,6 +7,11 @@ A :class:`StreamDriver` owns three activities in one task group:
 - the engine loop, started once the stream opens: engine results -> ``session.handle``;
 - the timer: sleeps until ``session.deadline`` and delivers ``Tick``.
 All three run on the event loop; decoding happens in worker threads behind the engine stream.
+
+Slots: by the time a close frame leaves (any code, ours or the answer to the client's), the
+engine stream is closed (after a decode in flight, if any), so its model slot is free, and the
+server-wide ``slot`` is given back. A client that reconnects the instant it sees its close is
+never refused for the stream it just ended.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import anyio
 import anyio.abc
 
 from ..engines.base import EngineStream, EngineUnavailable, Refusal, StreamProvider
+from ..engines.slots import Slot
 from ..protocol import (
     Action,
     AudioBatch,
@@ -83,17 +89,22 @@ class StreamDriver:
         provider: StreamProvider,
         *,
         close_timeout: float = 5.0,
+        slot: Slot | None = None,
     ) -> None:
         self.session = session
         self._channel = channel
         self._provider = provider
         self._close_timeout = close_timeout
+        self._slot = slot  # the server-wide one; the model's is the engine stream's
         self._stream: EngineStream | None = None
         self._closing_stream: EngineStream | None = None
+        self._close_started = False
+        self._stream_closed = anyio.Event()
+        self._opening = False  # _open is running (it may hold a model slot)
+        self._opened = anyio.Event()
         self._open_scope: anyio.CancelScope | None = None
         self._released = False
         self._peer_gone = False
-        self._closing = False
         self._deadline_changed = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
 
@@ -118,8 +129,7 @@ class StreamDriver:
                     self.session.handle(PeerGone(), _clock())
                     self.session.pull_actions()
                     self._release()
-                if self._closing_stream is not None:
-                    await self._close_stream()
+                await self._let_go()
                 await self._channel.aclose()
 
     async def shutdown(self) -> None:
@@ -194,27 +204,31 @@ class StreamDriver:
 
     async def _open(self, options: StartOptions) -> None:
         outcome: EngineStream | Refused | EngineFailed | None = None
-        with anyio.CancelScope() as scope:
-            self._open_scope = scope
-            try:
-                outcome = await self._provider.open_stream(options)
-            except Refusal as refusal:
-                outcome = Refused(code=refusal.code, detail=refusal.detail)
-            except EngineUnavailable as exc:
-                log.warning("model %r unavailable: %s", options.model, exc)
-                outcome = EngineFailed(detail=str(exc))
-            except Exception:
-                log.exception("could not open an engine stream for %r", options.model)
-                outcome = EngineFailed(detail="the speech engine could not be opened")
-        # Outside the scope: handling the outcome may Release, which cancels that scope.
-        self._open_scope = None
+        self._opening = True
+        try:
+            with anyio.CancelScope() as scope:
+                self._open_scope = scope
+                try:
+                    outcome = await self._provider.open_stream(options)
+                except Refusal as refusal:
+                    outcome = Refused(code=refusal.code, detail=refusal.detail)
+                except EngineUnavailable as exc:  # the pool logged the cause, once
+                    outcome = EngineFailed(detail=str(exc))
+                except Exception:
+                    log.exception("could not open an engine stream for %r", options.model)
+                    outcome = EngineFailed(detail="the speech engine could not be opened")
+            # Outside the scope: handling the outcome may Release, which cancels that scope.
+            self._open_scope = None
+            if self._released and not isinstance(outcome, Refused | EngineFailed | None):
+                await outcome.aclose()  # the client left just as the stream opened
+                return
+        finally:
+            self._opening = False
+            self._opened.set()
         if outcome is None:
             return  # released (peer gone, cancel) while the model was opening
         if isinstance(outcome, Refused | EngineFailed):
             await self._handle(outcome)
-            return
-        if self._released:
-            await outcome.aclose()  # the client left just as the stream opened
             return
         self._stream = outcome
         assert self._tg is not None
@@ -255,24 +269,44 @@ class StreamDriver:
 
     def _release(self) -> None:
         self._released = True
+        if self._slot is not None:
+            self._slot.leaving()
         if self._open_scope is not None:
             self._open_scope.cancel()
         stream, self._stream = self._stream, None
         if stream is not None:
             self._closing_stream = stream
             # In the background: closing waits for a decode in flight, and the client should
-            # get its stats and close now. run() still waits for it before the connection
-            # counts as gone, so the slot is free only when the engine really is.
+            # get its last events now. The close frame waits for it (_let_go).
             if self._tg is not None and not self._tg.cancel_scope.cancel_called:
                 self._tg.start_soon(self._close_stream)
 
     async def _close_stream(self) -> None:
-        stream, self._closing_stream = self._closing_stream, None
-        if stream is not None:
-            await stream.aclose()
+        if self._close_started or self._closing_stream is None:
+            return
+        self._close_started = True
+        try:
+            await self._closing_stream.aclose()
+        finally:
+            self._closing_stream = None
+            self._stream_closed.set()
+
+    async def _let_go(self) -> None:
+        """Wait until this connection holds no engine stream and no model slot, then give the
+        server-wide slot back. Idempotent."""
+        with anyio.CancelScope(shield=True):
+            if self._opening:
+                await self._opened.wait()  # a cancelled open gives its model slot back
+            if self._closing_stream is not None:
+                if self._close_started:
+                    await self._stream_closed.wait()
+                else:
+                    await self._close_stream()
+        if self._slot is not None:
+            self._slot.release()
 
     async def _close(self, code: int, reason: str) -> None:
-        self._closing = True
+        await self._let_go()
         await self._channel.close(code, reason)
         if self._tg is not None and not self._peer_gone:
             self._tg.start_soon(self._close_timer)

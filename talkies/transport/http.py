@@ -8,6 +8,7 @@ import hmac
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 import anyio
@@ -23,6 +24,7 @@ __all__ = [
     "error_body",
     "header",
     "read_event",
+    "reason",
     "send_json",
     "upgrade_problem",
 ]
@@ -132,11 +134,19 @@ async def send_json(
     ]
     if close:
         all_headers.append((b"connection", b"close"))
-    data = conn.send(h11.Response(status_code=status, headers=all_headers))
+    data = conn.send(h11.Response(status_code=status, headers=all_headers, reason=reason(status)))
     if not head:  # a HEAD response carries the headers of the GET, and no body
         data += conn.send(h11.Data(data=payload))
     data += conn.send(h11.EndOfMessage())
     await stream.send(data)
+
+
+def reason(status: int) -> bytes:
+    """The status line's reason phrase (``200 OK``); h11 sends none unless given one."""
+    try:
+        return HTTPStatus(status).phrase.encode("ascii")
+    except ValueError:
+        return b""
 
 
 def error_body(status: int, message: str, code: str) -> dict[str, Any]:

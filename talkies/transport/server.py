@@ -7,7 +7,9 @@ every request head; a valid upgrade on the stream route turns the connection int
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -20,6 +22,7 @@ from anyio.streams.tls import TLSListener
 
 from ..config import Settings
 from ..engines.base import NoModels, StreamProvider
+from ..engines.slots import Slot, Slots
 from ..protocol import AuthRejected, ErrorCode, Input, Refused, SessionLimits, StreamSession
 from .driver import StreamDriver
 from .http import (
@@ -28,18 +31,32 @@ from .http import (
     authorized,
     error_body,
     read_event,
+    reason,
     send_json,
     upgrade_problem,
 )
 from .routes import is_models_path, models_route
 from .ws import WsprotoChannel
 
-__all__ = ["STREAM_PATH", "Server", "ServerOptions", "session_limits"]
+__all__ = ["STREAM_PATH", "ListenError", "Server", "ServerOptions", "session_limits"]
 
 log = logging.getLogger("talkies.transport")
 
 STREAM_PATH = b"/v1/audio/transcriptions/stream"
 _READ_ERRORS = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
+
+
+class ListenError(OSError):
+    """The server cannot listen on its address; the message names the setting to change."""
+
+
+def _listen_problem(host: str, port: int, exc: OSError) -> ListenError:
+    reason = exc.strerror or str(exc)
+    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+        setting = "set TALKIES_HOST or --host"
+    else:  # in use, privileged, ...
+        setting = "set TALKIES_PORT or --port"
+    return ListenError(f"cannot listen on {host}:{port}: {reason.lower()} ({setting})")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -75,7 +92,11 @@ class Server:
         self.options = options if options is not None else ServerOptions()
         self._ssl_context = ssl_context
         self._limits = session_limits(settings)
-        self._drivers: set[StreamDriver] = set()
+        # Server-wide stream slots (TALKIES_STREAM_MAX_CONNECTIONS); a driver gives its slot
+        # back before its close frame leaves, so a client reconnecting at once gets it.
+        self._slots = Slots(settings.stream_max_connections)
+        self._drivers: set[StreamDriver] = set()  # live WebSocket connections (for shutdown)
+        self.connections = 0  # open TCP connections, HTTP or WebSocket
         self._idle_http: set[anyio.CancelScope] = set()
         self._no_streams = anyio.Event()
         self._no_streams.set()
@@ -87,15 +108,17 @@ class Server:
     @property
     def active_streams(self) -> int:
         """WebSocket streams holding a server-wide slot right now."""
-        return len(self._drivers)
+        return self._slots.held
 
     async def serve(
         self, *, task_status: anyio.abc.TaskStatus[Server] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Listen until :meth:`shutdown` finishes; ``task_status`` gets the server when bound."""
-        tcp = await anyio.create_tcp_listener(
-            local_host=self.settings.host, local_port=self.settings.port
-        )
+        host, port = self.settings.host, self.settings.port
+        try:
+            tcp = await anyio.create_tcp_listener(local_host=host, local_port=port)
+        except OSError as exc:
+            raise _listen_problem(host, port, exc) from exc
         self.port = tcp.listeners[0].extra(anyio.abc.SocketAttribute.local_port)
         listener: anyio.abc.Listener[Any] = tcp
         if self._ssl_context is not None:
@@ -136,11 +159,13 @@ class Server:
     # -- one TCP connection ------------------------------------------------------------------
 
     async def _connection(self, stream: anyio.abc.ByteStream) -> None:
+        self.connections += 1
         try:
             await self._serve_http(stream)
         except Exception:
             log.exception("connection failed")
         finally:
+            self.connections -= 1
             await anyio.aclose_forcefully(stream)
 
     async def _next_request(
@@ -286,7 +311,11 @@ class Server:
         upgrade: Upgrade,
     ) -> None:
         await stream.send(
-            conn.send(h11.InformationalResponse(status_code=101, headers=upgrade.headers))
+            conn.send(
+                h11.InformationalResponse(
+                    status_code=101, headers=upgrade.headers, reason=reason(101)
+                )
+            )
         )
         trailing, _closed = conn.trailing_data
         channel = WsprotoChannel(
@@ -296,33 +325,31 @@ class Server:
             send_timeout=self.settings.stream_idle_timeout,
         )
         session = StreamSession(self._limits, now=time.monotonic())
-        driver = StreamDriver(
-            session, channel, self.provider, close_timeout=self.options.close_timeout
-        )
         first: Input | None = None
+        slot: Slot | None = None
         # Spec: a rejected token completes the handshake and closes 4401, no error object.
         if not authorized(request, self.settings.auth_token):
             first = AuthRejected()
-        elif self._stopping or len(self._drivers) >= self.settings.stream_max_connections:
+        elif self._stopping or (slot := await self._slots.acquire()) is None:
             # Rejected, never queued (spec: "Each stream consumes one slot ...").
             first = Refused(
                 code=ErrorCode.CONNECTION_LIMIT,
                 detail=f"the server's limit of {self.settings.stream_max_connections} "
                 "concurrent streams is reached",
             )
-        counted = first is None
-        if counted:
-            self._drivers.add(driver)
-            self._no_streams = anyio.Event() if self._no_streams.is_set() else self._no_streams
+        driver = StreamDriver(
+            session, channel, self.provider, close_timeout=self.options.close_timeout, slot=slot
+        )
+        self._drivers.add(driver)
+        self._no_streams = anyio.Event() if self._no_streams.is_set() else self._no_streams
         started = time.monotonic()
         peer = _peer(stream)  # read now: the socket is closed when run() returns
         try:
             await driver.run(first)
         finally:
-            if counted:
-                self._drivers.discard(driver)
-                if not self._drivers:
-                    self._no_streams.set()
+            self._drivers.discard(driver)
+            if not self._drivers:
+                self._no_streams.set()
             options = session.options
             log.info(
                 "stream closed",

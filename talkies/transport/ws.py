@@ -55,7 +55,9 @@ class WsprotoChannel:
         self._read_size = read_size
         self._send_timeout = send_timeout
         self._send_lock = anyio.Lock()
-        self._gone = False
+        self._gone = False  # the TCP connection is closed
+        self._peer_closed = False  # the client's close frame arrived; nothing more to read
+        self._close_reply: CloseConnection | None = None  # our answer, sent by aclose()
         self._broken = False  # wsproto's parser failed: nothing more can be read
         self._binary_open = False  # a fragmented binary message is half received
 
@@ -68,7 +70,7 @@ class WsprotoChannel:
         """
         out: list[ClientMessage] = []
         run: list[bytes | bytearray] = []  # whole binary messages not yet in ``out``
-        while not self._gone:
+        while not (self._gone or self._peer_closed):
             for event in self._events:
                 # Data first, inline: this loop runs once per frame.
                 if type(event) is BytesMessage:
@@ -87,12 +89,12 @@ class WsprotoChannel:
                 message = await self._on_event(event)
                 if message is not None:
                     out.append(message)
-                if self._gone:
+                if self._gone or self._peer_closed:
                     break
             if run:
                 out.append(AudioBatch(frames=tuple(run)))
                 run = []
-            if out or self._gone:
+            if out or self._gone or self._peer_closed:
                 break
             try:
                 data = await self._stream.receive(self._read_size)
@@ -101,7 +103,7 @@ class WsprotoChannel:
                 break
             self._ws.receive_data(data)
             self._events = self._ws.events()
-        if self._gone:
+        if self._gone or self._peer_closed:
             out.append(PeerGone())
         return out
 
@@ -126,9 +128,12 @@ class WsprotoChannel:
                 await self.aclose()
                 return None
             if self._ws.state is ConnectionState.REMOTE_CLOSING:
-                # The peer started the handshake: answer, then close TCP at once.
-                await self._send_event(event.response())
-            await self.aclose()
+                # The peer started the handshake. The answer waits for aclose(), which the
+                # driver calls once the stream's slots are free; then TCP closes at once.
+                self._close_reply = event.response()
+                self._peer_closed = True
+                return None
+            await self.aclose()  # the answer to our own close frame
             return None
         return None  # Pong
 
@@ -167,6 +172,9 @@ class WsprotoChannel:
             self._send_lock.release()
 
     async def aclose(self) -> None:
+        reply, self._close_reply = self._close_reply, None
+        if reply is not None:
+            await self._send_event(reply)
         if self._gone:
             return
         self._gone = True
