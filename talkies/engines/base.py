@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from ..protocol import EngineEndpoint, EngineFailed, EngineFinal, EnginePartial, ErrorCode
+from ..protocol import EngineEndpoint, EngineFailed, EngineFinal, EnginePartial, ErrorCode, Word
+from ..protocol.events import SAMPLE_RATE
 from ..protocol.messages import StartOptions
 
 if TYPE_CHECKING:
@@ -16,12 +19,17 @@ __all__ = [
     "EngineStream",
     "EngineUnavailable",
     "EngineUpdate",
+    "FileTranscriber",
     "LoadedModel",
     "NoModels",
     "Recognition",
     "RecognitionModel",
     "Refusal",
     "StreamProvider",
+    "Transcript",
+    "TranscriptSegment",
+    "TranscriptionRequest",
+    "transcribe_recognition",
 ]
 
 EngineUpdate = EnginePartial | EngineEndpoint
@@ -131,3 +139,119 @@ class NoModels:
 
     async def open_stream(self, options: StartOptions) -> EngineStream:
         raise Refusal(ErrorCode.UNKNOWN_MODEL, f"unknown model {options.model!r}")
+
+
+# -- whole-file transcription (POST /v1/audio/transcriptions) --------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TranscriptionRequest:
+    """The decoding options of one file transcription (OpenAI's form fields, checked)."""
+
+    language: str | None = None  # None or "auto": detect, where the engine can
+    prompt: str | None = None  # text that conditions the decoder (Whisper's initial prompt)
+    temperature: float = 0.0  # 0: greedy
+    word_timestamps: bool = False  # timestamp_granularities includes "word"
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.temperature) and 0.0 <= self.temperature <= 1.0):
+            raise ValueError(f"temperature must be from 0 to 1, got {self.temperature!r}")
+
+    @property
+    def language_code(self) -> str | None:
+        """The requested language, or None when the engine should detect it."""
+        return None if self.language in (None, "", "auto") else self.language
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TranscriptSegment:
+    """One utterance of a transcript: an engine endpoint, or one of Whisper's segments.
+
+    Times are seconds from the start of the file. The optional fields are what Whisper
+    reports; engines without them leave the defaults.
+    """
+
+    id: int
+    start: float
+    end: float
+    text: str
+    words: tuple[Word, ...] = ()
+    tokens: tuple[int, ...] = ()  # the engine's token ids (Whisper)
+    avg_logprob: float | None = None  # mean log probability of the tokens
+    no_speech_prob: float | None = None
+    temperature: float = 0.0  # the temperature the segment was decoded at
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Transcript:
+    """The result of a whole-file transcription."""
+
+    text: str
+    language: str | None  # a language code ("en"): detected or requested; None if unknown
+    duration: float  # seconds of audio transcribed
+    segments: tuple[TranscriptSegment, ...] = ()
+
+    @property
+    def words(self) -> tuple[Word, ...]:
+        """Every timed word, in order (empty unless word timestamps were asked for)."""
+        return tuple(w for segment in self.segments for w in segment.words)
+
+
+@runtime_checkable
+class FileTranscriber(Protocol):
+    """A loaded model that can transcribe a whole file at once (spec, "Sherpa-ONNX and
+    Vosk": "feeds it through an isolated native stream to completion").
+
+    ``isinstance(model, FileTranscriber)`` tells whether a loaded model has the method.
+    """
+
+    def transcribe(self, pcm: bytes, request: TranscriptionRequest) -> Transcript:
+        """Transcribe PCM16LE mono 16 kHz audio. Blocking: call it from a worker thread."""
+        ...
+
+
+def transcribe_recognition(
+    recognition: Recognition, pcm: bytes, *, step: int, language: str | None
+) -> Transcript:
+    """Feed ``pcm`` through ``recognition`` to completion, ``step`` bytes at a time.
+
+    Each endpoint with text becomes a segment, and the final result the last one. Segments
+    are contiguous: each ends at the audio accepted when its endpoint came (so within
+    ``step`` of the decoder's own boundary) and the next starts there; the last ends with the
+    audio. Closes ``recognition``.
+    """
+    if step < 2 or step % 2:
+        raise ValueError("step must be a positive even number of bytes")
+    pcm = pcm[: len(pcm) - len(pcm) % 2]
+    duration = len(pcm) / (2 * SAMPLE_RATE)
+    segments: list[TranscriptSegment] = []
+    start = 0.0
+
+    def add(text: str, words: Sequence[Word], end: float) -> None:
+        nonlocal start
+        end = min(max(end, start), duration)
+        if text:
+            segments.append(
+                TranscriptSegment(
+                    id=len(segments), start=start, end=end, text=text, words=tuple(words)
+                )
+            )
+        start = end
+
+    try:
+        for offset in range(0, len(pcm), step):
+            chunk = pcm[offset : offset + step]
+            accepted = (offset + len(chunk)) / (2 * SAMPLE_RATE)
+            for update in recognition.accept(chunk):
+                if isinstance(update, EngineEndpoint):
+                    add(update.text.strip(), update.words, accepted)
+        final = recognition.finish()
+        add(final.text.strip(), final.words, duration)
+    finally:
+        recognition.close()
+    return Transcript(
+        text=" ".join(s.text for s in segments),
+        language=language,
+        duration=duration,
+        segments=tuple(segments),
+    )

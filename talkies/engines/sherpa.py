@@ -47,7 +47,15 @@ import numpy as np
 
 from ..protocol import EngineEndpoint, EngineFailed, EngineFinal, EnginePartial, Word
 from ..protocol.messages import StartOptions
-from .base import EngineEvent, EngineStream, EngineUpdate, LoadedModel
+from .base import (
+    EngineEvent,
+    EngineStream,
+    EngineUpdate,
+    LoadedModel,
+    Transcript,
+    TranscriptionRequest,
+    transcribe_recognition,
+)
 from .registry import SHERPA_FACTORIES, ModelEntry
 
 __all__ = [
@@ -102,6 +110,8 @@ _TOKEN_SPAN = 0.04
 # How long one round of the decode loop may keep decoding the backlog of the streams it
 # took before it looks for new audio again.
 _ROUND_SECONDS = 0.02
+# Bytes of PCM per accept() in a whole-file transcription: 0.1 s.
+_FILE_STEP = 3200
 
 
 # -- what talkies uses of sherpa-onnx (it ships no type information) -------------------------
@@ -185,7 +195,7 @@ def _cuda_available() -> bool:
     NVIDIA device node."""
     providers: list[str] = []
     try:
-        import onnxruntime  # type: ignore[import-not-found, unused-ignore]
+        import onnxruntime  # type: ignore[import-not-found, import-untyped, unused-ignore]
     except ImportError:
         pass
     else:
@@ -885,6 +895,19 @@ class SherpaModel:
     def recognition(self, options: StartOptions) -> SherpaRecognition:
         """A stream decoded on its own, whatever the mode (tests, offline transcription)."""
         return SherpaRecognition(self.recognizer, options, self.options.tail_padding)
+
+    def transcribe(self, pcm: bytes, request: TranscriptionRequest) -> Transcript:
+        """A whole file through an ``OnlineStream`` of its own, decoded on the calling thread,
+        never through the batched decode thread (a
+        :class:`~talkies.engines.base.FileTranscriber`; blocking). Fed 0.1 s per call, so
+        a segment ends within 0.1 s after the chunk where sherpa found its endpoint.
+        """
+        options = StartOptions(
+            model=self.slug, interim_results=False, word_timestamps=request.word_timestamps
+        )
+        return transcribe_recognition(
+            self.recognition(options), pcm, step=_FILE_STEP, language=request.language_code
+        )
 
     async def open_stream(self, options: StartOptions, *, max_buffered_bytes: int) -> EngineStream:
         if self._batcher is None:

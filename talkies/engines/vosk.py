@@ -35,7 +35,15 @@ from typing import Any, Protocol
 
 from ..protocol import EngineEndpoint, EngineFinal, EnginePartial, Word
 from ..protocol.messages import StartOptions
-from .base import EngineUnavailable, EngineUpdate, LoadedModel, RecognitionModel
+from .base import (
+    EngineUnavailable,
+    EngineUpdate,
+    LoadedModel,
+    RecognitionModel,
+    Transcript,
+    TranscriptionRequest,
+    transcribe_recognition,
+)
 from .registry import ModelEntry
 
 __all__ = [
@@ -213,6 +221,23 @@ class VoskModel(RecognitionModel):
 
     def recognition(self, options: StartOptions) -> VoskRecognition:
         return VoskRecognition(self, options)
+
+    def transcribe(self, pcm: bytes, request: TranscriptionRequest) -> Transcript:
+        """A whole file through a recognizer of its own (a
+        :class:`~talkies.engines.base.FileTranscriber`; blocking). Vosk always has word times.
+
+        Fed one :data:`CHUNK_BYTES` block per call, the block where Vosk finds an endpoint is
+        known exactly: segments end there (spec, "Sherpa-ONNX and Vosk").
+        """
+        options = StartOptions(
+            model=self.slug, interim_results=False, word_timestamps=request.word_timestamps
+        )
+        return transcribe_recognition(
+            VoskRecognition(self, options),
+            pcm,
+            step=CHUNK_BYTES,
+            language=request.language_code,
+        )
 
     def close(self) -> None:
         # Recognizers still alive hold their own reference on the native model.

@@ -58,6 +58,10 @@ and one Whisper does not know is refused with ``invalid_language``.
 Word times come from whisper.cpp's token timestamps when ``word_timestamps`` is requested,
 in seconds from the stream's first sample; they are approximate (off by up to ~0.2 s).
 
+Whole files (POST /v1/audio/transcriptions) do not go through the rolling window:
+:meth:`WhisperModel.transcribe` decodes the file at once with whisper.cpp's own 30 s windows
+and segments (:func:`file_params`, :func:`file_segments`).
+
 The model file is ``options.model_file``, else ``model.bin``, else the only ``*.bin`` in the
 model folder; it is checked from end to end before whisper.cpp sees it. A faster-whisper
 (CTranslate2) folder is converted once (:mod:`talkies.engines.ct2ggml`) and the conversion
@@ -85,7 +89,15 @@ import numpy.typing as npt
 from ..protocol import EngineFinal, EnginePartial, ErrorCode
 from ..protocol.events import Word
 from ..protocol.messages import StartOptions
-from .base import EngineUnavailable, EngineUpdate, RecognitionModel, Refusal
+from .base import (
+    EngineUnavailable,
+    EngineUpdate,
+    RecognitionModel,
+    Refusal,
+    Transcript,
+    TranscriptionRequest,
+    TranscriptSegment,
+)
 from .ct2ggml import GGML_MAGIC, Ct2FormatError, Hparams, convert, ggml_tensor_shapes
 from .registry import ModelEntry
 
@@ -652,6 +664,37 @@ class WhisperModel(RecognitionModel):
             interim_results=options.interim_results,
         )
 
+    def transcribe(self, pcm: bytes, request: TranscriptionRequest) -> Transcript:
+        """A whole-file decode (a :class:`~talkies.engines.base.FileTranscriber`; blocking),
+        not the rolling window: see :func:`file_params` and :func:`file_segments`.
+
+        Raises :class:`Refusal` (``invalid_language``) for a language Whisper or this model
+        does not know. No language, or "auto", is detected on a multilingual model.
+        """
+        language = self.language_for(request.language_code or "auto")
+        pcm = pcm[: len(pcm) - len(pcm) % 2]
+        audio = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / np.float32(32768.0)
+        duration = audio.size / SAMPLE_RATE
+        if audio.size < _MIN_DECODE_SAMPLES:
+            audio = np.concatenate([audio, np.zeros(_MIN_DECODE_SAMPLES - audio.size, np.float32)])
+        audio = np.ascontiguousarray(audio, dtype=np.float32)
+        pw = self._native.pw
+        params = file_params(pw, request, language=language, threads=self.config.threads)
+        with self._borrow() as ctx:
+            status = int(pw.whisper_full(ctx, params, audio, audio.size))
+            if status != 0:
+                raise RuntimeError(f"whisper_full failed with status {status}")
+            self.decodes += 1
+            if language == "auto":
+                language = str(pw.whisper_lang_str(int(pw.whisper_full_lang_id(ctx))))
+            segments = file_segments(pw, ctx, request, duration=duration)
+        return Transcript(
+            text=" ".join(s.text for s in segments),
+            language=language,
+            duration=duration,
+            segments=segments,
+        )
+
     def close(self) -> None:
         if self._closed:
             return
@@ -863,3 +906,112 @@ class WhisperRecognition:
             Word(word=w.text, start=w.start, end=w.end, confidence=w.probability)
             for w in (*self._committed, *tail)
         )
+
+
+# -- whole-file transcription --------------------------------------------------------------
+
+
+def file_params(pw: Any, request: TranscriptionRequest, *, language: str, threads: int) -> Any:
+    """whisper.cpp parameters for a whole-file decode (POST /v1/audio/transcriptions).
+
+    Whisper's own 30 s windows and segments, its full encoder (``audio_ctx`` 0); greedy at the
+    requested temperature, with no temperature fallback (``temperature_inc`` 0), so a file
+    costs one decode per window and temperature 0 is deterministic. ``prompt`` is the initial
+    prompt of the first window. No text is carried from one window to the next
+    (``no_context``): without fallback a window that loops would pass the loop on.
+    """
+    params = pw.whisper_full_default_params(pw.whisper_sampling_strategy.WHISPER_SAMPLING_GREEDY)
+    params.n_threads = threads
+    params.greedy = {"best_of": 1}
+    params.temperature = float(request.temperature)
+    params.temperature_inc = 0.0
+    params.no_context = True
+    params.single_segment = False
+    params.no_timestamps = False
+    params.token_timestamps = request.word_timestamps
+    params.print_progress = False
+    params.print_realtime = False
+    params.print_timestamps = False
+    params.print_special = False
+    params.suppress_blank = True
+    params.audio_ctx = 0
+    # "" makes whisper.cpp detect the language (see WhisperModel._params).
+    params.language = "" if language == "auto" else language
+    params.detect_language = False
+    if request.prompt:
+        params.initial_prompt = request.prompt
+    return params
+
+
+def file_segments(
+    pw: Any, ctx: Any, request: TranscriptionRequest, *, duration: float
+) -> tuple[TranscriptSegment, ...]:
+    """whisper.cpp's segments after a decode: times from their t0/t1 (10 ms units), clamped to
+    the audio and kept in order; words from token times when ``request.word_timestamps``."""
+    eot = int(pw.whisper_token_eot(ctx))
+    beg = int(pw.whisper_token_beg(ctx))  # timestamp tokens: beg and above
+    segments: list[TranscriptSegment] = []
+    floor = 0.0  # segments never start before the previous one
+
+    def clamp(centiseconds: int, low: float) -> float:
+        return min(max(int(centiseconds) / 100, low), duration)
+
+    for index in range(int(pw.whisper_full_n_segments(ctx))):
+        raw = pw.whisper_full_get_segment_text(ctx, index)
+        text = (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)).strip()
+        start = clamp(pw.whisper_full_get_segment_t0(ctx, index), floor)
+        end = clamp(pw.whisper_full_get_segment_t1(ctx, index), start)
+        floor = start
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        pieces: list[tuple[bytes, float, float, float]] = []  # text tokens: bytes, t0, t1, p
+        for k in range(int(pw.whisper_full_n_tokens(ctx, index))):
+            data = pw.whisper_full_get_token_data(ctx, index, k)
+            token = int(data.id)
+            if eot <= token < beg:
+                continue  # end-of-text, start-of-transcript, language and task tokens
+            tokens.append(token)
+            logprobs.append(float(data.plog))
+            if token < eot:
+                piece = bytes(pw.whisper_token_to_bytes(ctx, token))
+                pieces.append((piece, int(data.t0) / 100, int(data.t1) / 100, float(data.p)))
+        if not text:
+            continue
+        words = _file_words(pieces, duration) if request.word_timestamps else ()
+        segments.append(
+            TranscriptSegment(
+                id=len(segments),
+                start=start,
+                end=end,
+                text=text,
+                words=words,
+                tokens=tuple(tokens),
+                avg_logprob=float(np.mean(logprobs)) if logprobs else None,
+                temperature=float(request.temperature),
+            )
+        )
+    return tuple(segments)
+
+
+def _file_words(
+    pieces: Sequence[tuple[bytes, float, float, float]], duration: float
+) -> tuple[Word, ...]:
+    """Text tokens grouped into words (a token with a leading space starts one); a word spans
+    its tokens' times, clamped to the audio, and its confidence is their mean probability."""
+    groups: list[list[tuple[bytes, float, float, float]]] = []
+    for piece in pieces:
+        if not groups or piece[0].startswith(b" "):
+            groups.append([])
+        groups[-1].append(piece)
+    words: list[Word] = []
+    floor = 0.0
+    for group in groups:
+        text = b"".join(p[0] for p in group).decode("utf-8", "replace").strip()
+        if not text:
+            continue
+        start = min(max(group[0][1], floor), duration)
+        end = min(max(start, *(p[2] for p in group)), duration)
+        floor = start
+        confidence = float(np.mean([p[3] for p in group]))
+        words.append(Word(word=text, start=start, end=end, confidence=confidence))
+    return tuple(words)
