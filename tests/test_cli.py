@@ -264,6 +264,24 @@ def test_sighup_rereads_the_models_file(tmp_path: Path) -> None:
             time.sleep(0.05)
 
 
+def test_models_list_shows_every_builtin_with_its_pin(tmp_path: Path) -> None:
+    from talkies.engines.builtin import builtin_models
+
+    builtins = builtin_models(tmp_path)
+    listing = _talkies("models", "list", TALKIES_DATA_DIR=str(tmp_path))
+    assert listing.returncode == 0, listing.stderr
+    assert [line.split()[0] for line in listing.stdout.splitlines()] == list(builtins)
+    rows = _talkies("models", "list", "--json", TALKIES_DATA_DIR=str(tmp_path))
+    sources = {r["model"]: r["source"] for r in map(json.loads, rows.stdout.splitlines())}
+    assert sources["vosk-small-en-us-0.15"] == (
+        "https://alphacephei.com/vosk/models/vosk-model-small-en-us-0.15.zip@sha256:30f26242c4eb"
+    )
+    for slug in ("left-64", "left-128", "int8-left-64", "int8-left-128"):
+        assert sources[f"sherpa-zipformer-en-{slug}"] == (
+            "csukuangfj/sherpa-onnx-streaming-zipformer-en-2023-06-26@672fbf1b3057"
+        )
+
+
 def test_pull_prepares_the_default_model_offline(tmp_path: Path) -> None:
     data = tmp_path / "data"
     started = time.monotonic()
@@ -290,7 +308,7 @@ def _closed_port() -> int:
 def test_an_unreachable_hub_fails_fast_and_clearly(tmp_path: Path) -> None:
     data = tmp_path / "data"
     hub = f"http://127.0.0.1:{_closed_port()}"
-    slug = "sherpa-zipformer-en-2023-06-26-int8"
+    slug = "sherpa-zipformer-en-int8-left-128"
     started = time.monotonic()
     result = _talkies("models", "pull", slug, TALKIES_DATA_DIR=str(data), HF_ENDPOINT=hub)
     assert time.monotonic() - started < 15

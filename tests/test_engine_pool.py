@@ -209,7 +209,7 @@ def test_registry_validation_names_slug_and_field(tmp_path: Path) -> None:
         ({"executor": "sherpa", "path": "."}, "sherpa_config must be a non-empty object"),
         ({"executor": "sherpa", "path": ".", "sherpa_config": {"x": 1}}, "recognizer_factory"),
         ({"executor": "nope", "path": "."}, "executor 'nope' is not one of"),
-        ({"executor": "vosk"}, "give either repo + revision, or path"),
+        ({"executor": "vosk"}, "give exactly one of repo + revision, url + sha256, or path"),
         ({"executor": "vosk", "repo": "a/b", "revision": "main"}, "40-hex"),
         ({"executor": "vosk", "path": ".", "max_concurrency": 0}, "max_concurrency"),
         ({"executor": "vosk", "path": ".", "colour": "red"}, "unknown field 'colour'"),
@@ -236,23 +236,61 @@ def test_models_file_and_enabled_models(tmp_path: Path) -> None:
     registry = build_registry(settings)
     assert registry["my-vosk"].path == (tmp_path / "vosk").resolve()
     assert registry["whisper-base"].path == (tmp_path / "w").resolve()
-    assert "sherpa-zipformer-en-2023-06-26" in registry
+    assert "sherpa-zipformer-en-left-128" in registry
     assert registry["nemotron-3.5-asr-0.6b"].executor == "parakeet_cpp"
     enabled = settings.with_overrides(enabled_models=("my-vosk",))
     assert list(build_registry(enabled)) == ["my-vosk"]
     with pytest.raises(RegistryError, match="unknown models: nope"):
         build_registry(settings.with_overrides(enabled_models=("nope",)))
     models_file.write_text('{"models": {"x": {"executor": "vosk"}}}')
-    with pytest.raises(RegistryError, match="'x': give either"):
+    with pytest.raises(RegistryError, match="'x': give exactly one of"):
         load_models_file(models_file)
 
 
 def test_builtin_revisions_are_pinned() -> None:
-    registry = build_registry(Settings())
-    for entry in registry.values():
-        assert entry.problems() == []
-        if entry.repo is not None:
-            assert entry.allow_patterns, entry.slug
+    import re
+
+    from talkies.engines.builtin import builtin_models
+
+    hex40, hex64 = re.compile(r"[0-9a-f]{40}"), re.compile(r"[0-9a-f]{64}")
+    registry = builtin_models(Path("/data"))
+    # The spec: four selectable English Sherpa Zipformer variants and Vosk small English.
+    assert {
+        "sherpa-zipformer-en-left-64",
+        "sherpa-zipformer-en-left-128",
+        "sherpa-zipformer-en-int8-left-64",
+        "sherpa-zipformer-en-int8-left-128",
+        "vosk-small-en-us-0.15",
+        "whisper-base-en",
+        "nemotron-3.5-asr-0.6b",
+    } <= set(registry)
+    for slug, entry in registry.items():
+        assert entry.problems() == [], slug
+        if entry.repo is not None:  # a Hub snapshot: a commit id, and only the files it uses
+            assert entry.revision and hex40.fullmatch(entry.revision), slug
+            assert entry.allow_patterns, slug
+            if entry.executor == "sherpa":
+                assert set(entry.sherpa_config.values()) == set(entry.allow_patterns), slug
+        elif entry.url is not None:  # an archive: https, and its content hash
+            assert entry.url.startswith("https://"), slug
+            assert entry.sha256 and hex64.fullmatch(entry.sha256), slug
+        elif entry.wheels is not None:  # files from PyPI wheels, each hashed
+            assert all(hex64.fullmatch(f.sha256) for f in entry.wheels), slug
+        else:  # parakeet.cpp publishes nothing pinnable: a local folder, by design
+            assert slug == "nemotron-3.5-asr-0.6b" and entry.path is not None
+            continue
+        assert entry.pin is not None, slug
+        assert entry.description, slug
+    zipformers = {s: e for s, e in registry.items() if s.startswith("sherpa-zipformer-en-")}
+    for slug in ("left-64", "left-128", "int8-left-64", "int8-left-128"):
+        entry = zipformers[f"sherpa-zipformer-en-{slug}"]
+        assert entry.revision == "672fbf1b30579d6585301139bb363f42a0ad4a24"
+        left = slug.removeprefix("int8-")
+        assert all(f"-chunk-16-{left}" in f for f in entry.sherpa_config.values() if "-" in f)
+        assert (".int8." in entry.sherpa_config["encoder"]) == slug.startswith("int8")
+    assert registry["vosk-small-en-us-0.15"].sha256 == (
+        "30f26242c4eb449f948e42cb302dd7a686cb29a3423a8367f99ff41780942498"
+    )
 
 
 def test_pool_over_the_wire(tmp_path: Path) -> None:

