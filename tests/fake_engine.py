@@ -15,7 +15,16 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from talkies.engines.base import EngineStream, EngineUpdate, Refusal
+from talkies.engines.base import (
+    EngineStream,
+    EngineUpdate,
+    Recognition,
+    RecognitionModel,
+    Refusal,
+    Transcript,
+    TranscriptionRequest,
+    transcribe_recognition,
+)
 from talkies.engines.runner import ThreadedStream
 from talkies.protocol import EngineEndpoint, EngineFinal, EnginePartial, ErrorCode, Word
 from talkies.protocol.messages import StartOptions
@@ -135,3 +144,24 @@ def speech(seconds: float, amplitude: int = 3000) -> bytes:
 
 def silence(seconds: float) -> bytes:
     return bytes(int(seconds * 16000) * 2)
+
+
+class EnergyFileModel(RecognitionModel):
+    """The energy recognizer as a loaded model of the pool, streams and files alike (a test
+    double: registered under ``energy-*`` slugs only). ``delay`` seconds per decode call."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.stats = Stats()
+        self._behaviour = Behaviour(delay=delay)
+
+    def recognition(self, options: StartOptions) -> Recognition:
+        return EnergyRecognition(self._behaviour, self.stats)
+
+    def transcribe(self, pcm: bytes, request: TranscriptionRequest) -> Transcript:
+        return transcribe_recognition(
+            self.recognition(StartOptions(model="energy", word_timestamps=True)),
+            pcm,
+            step=3200,
+            language=request.language_code,
+            cancel=request.cancel,
+        )

@@ -7,7 +7,11 @@
   (``talkies.audio``): segments with word times, the same utterances as a stream gives.
 - A random-weight sherpa-onnx LSTM transducer (``tests/modelgen/sherpa.py``): the transcript
   has the structure and duration of the audio and the utterances sherpa-onnx itself finds,
-  decoded on the calling thread, not by the model's batch thread.
+  decoded on the calling thread, never batched with live streams.
+
+Every engine stops a transcription whose ``cancel`` event is set from another thread, with
+``TranscriptionCancelled``: Whisper through whisper.cpp's abort callback, the others between
+the steps of ``transcribe_recognition``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import json
 import logging
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from itertools import pairwise
@@ -35,6 +40,7 @@ from talkies.engines.base import (
     FileTranscriber,
     Refusal,
     Transcript,
+    TranscriptionCancelled,
     TranscriptionRequest,
 )
 from talkies.engines.registry import ModelEntry
@@ -124,7 +130,7 @@ def test_whisper_base_transcribes_real_speech(
         "%s %.1f s in %.1f s: %d/%d %r", name, clip.seconds, elapsed, errors, n, result.text
     )
     assert errors / n <= MAX_CLIP_WER, result.text
-    assert result.language == "en"  # detected: no language was given to a multilingual model
+    assert result.language == "en"  # none asked for: the entry's default, not detected
     check_structure(result, clip.pcm, words=words)
     assert result.segments
     if name == "librivox-joined":
@@ -165,6 +171,57 @@ def test_whisper_prompt_temperature_and_language(whisper_base: Any, clips: dict[
         whisper_base.transcribe(pcm, TranscriptionRequest(language="xx"))
     assert refused.value.code is ErrorCode.INVALID_LANGUAGE
     assert whisper_base.decodes == before
+
+
+def test_whisper_language_is_the_entry_default_unless_auto(
+    whisper_base: Any, clips: dict[str, Any]
+) -> None:
+    """No language: the entry's ``language`` option, as on the streaming route, without
+    detection; "auto" detects (whisper-base-en's entry says "en"; base is multilingual)."""
+    from dataclasses import replace
+
+    pcm = clips["goforward"].pcm
+    config = whisper_base.config
+    try:
+        whisper_base.config = replace(config, language="de")  # an entry that says "de"
+        assert whisper_base.transcribe(pcm, TranscriptionRequest()).language == "de"
+    finally:
+        whisper_base.config = config
+    assert whisper_base.transcribe(pcm, TranscriptionRequest()).language == "en"
+    detected = whisper_base.transcribe(pcm, TranscriptionRequest(language="auto"))
+    assert detected.language == "en"  # detected
+    assert "forward" in detected.text.lower()
+
+
+def test_whisper_cancel_aborts_a_long_file(whisper_base: Any, clips: dict[str, Any]) -> None:
+    pcm = clips["librivox-joined"].pcm  # 24.7 s: one 30 s window
+    cancel = threading.Event()
+    cancel.set()
+    before = whisper_base.decodes
+    with pytest.raises(TranscriptionCancelled):  # set before: nothing is decoded
+        whisper_base.transcribe(pcm, TranscriptionRequest(language="en", cancel=cancel))
+    assert whisper_base.decodes == before
+    started = time.perf_counter()
+    whisper_base.transcribe(pcm, TranscriptionRequest(language="en"))
+    one_window = time.perf_counter() - started
+    # Four windows' worth (about four times that to decode), cancelled early: whisper.cpp
+    # checks between graphs (an encoder pass, a decoder step), so it stops within about one
+    # encoder pass, long before the end.
+    cancel = threading.Event()
+    timer = threading.Timer(0.25 * one_window, cancel.set)
+    started = time.perf_counter()
+    timer.start()
+    try:
+        with pytest.raises(TranscriptionCancelled):
+            whisper_base.transcribe(pcm * 4, TranscriptionRequest(language="en", cancel=cancel))
+    finally:
+        timer.cancel()
+    stopped = time.perf_counter() - started
+    log.warning("whisper: one window %.2f s; cancelled, stopped after %.2f s", one_window, stopped)
+    assert stopped < 1.5 * one_window  # under 40% of the whole decode
+    # The context is fine afterwards.
+    result = whisper_base.transcribe(clips["goforward"].pcm, TranscriptionRequest(language="en"))
+    assert "forward" in result.text.lower()
 
 
 def test_whisper_handles_silence_and_tiny_input(whisper_base: Any) -> None:
@@ -315,14 +372,39 @@ def test_sherpa_file_transcript_structure(sherpa_model: Any) -> None:
         assert " ".join(w.word for w in segment.words) == segment.text
         assert segment.tokens == () and segment.avg_logprob is None
     # Decoded on this thread: the model's batch loop never ran.
-    assert sherpa_model.batcher is not None
-    assert sherpa_model.batcher.decode_calls == 0
+    assert sherpa_model.options.batch
+    assert sherpa_model.counters.decode_calls == 0
     # Without word timestamps: same text, no words.
     plain = sherpa_model.transcribe(pcm, TranscriptionRequest())
     assert plain.text == result.text and plain.words == ()
     verbose = json.loads(transcripts.render(plain, "verbose_json")[0])
     assert verbose["duration"] == pytest.approx(len(pcm) / 2 / SR, abs=1e-3)
     assert len(verbose["segments"]) == len(result.segments)
+
+
+def test_sherpa_and_vosk_transcriptions_stop_when_cancelled(
+    sherpa_model: Any, vosk_model: Any, korean: bytes
+) -> None:
+    pcm = sherpa_speech()
+    cancel = threading.Event()
+    cancel.set()
+    for model, samples in ((sherpa_model, pcm), (vosk_model, korean)):
+        with pytest.raises(TranscriptionCancelled):
+            model.transcribe(samples, TranscriptionRequest(cancel=cancel))
+    assert sherpa_model.counters.live_streams == 0  # the stream was closed
+    # From another thread, mid-way through a long file (sherpa: about 1 s of decoding).
+    long = pcm * 10
+    cancel = threading.Event()
+    timer = threading.Timer(0.1, cancel.set)
+    started = time.perf_counter()
+    timer.start()
+    try:
+        with pytest.raises(TranscriptionCancelled):
+            sherpa_model.transcribe(long, TranscriptionRequest(cancel=cancel))
+    finally:
+        timer.cancel()
+    assert time.perf_counter() - started < 0.5
+    assert sherpa_model.counters.live_streams == 0
 
 
 def test_sherpa_file_transcription_beside_a_live_stream(sherpa_model: Any) -> None:
@@ -357,4 +439,4 @@ def test_sherpa_file_transcription_beside_a_live_stream(sherpa_model: Any) -> No
     # The stream's utterances are the file's segments.
     spoken = [e.text for e in events if isinstance(e, EngineEndpoint | EngineFinal) and e.text]
     assert " ".join(spoken) == expected
-    assert sherpa_model.batcher.decode_calls > 0  # the stream went through the batch loop
+    assert sherpa_model.counters.decode_calls > 0  # the stream was decoded batched

@@ -6,6 +6,9 @@ The reference everywhere is sherpa-onnx called directly, in-process, on the whol
 accept everything, decode chunk by chunk with an endpoint check (and reset) after each, then
 the tail padding, ``input_finished`` and the last chunks. The engine must give the same
 utterances however the audio is framed, batched or sent over the wire.
+
+Live streams run in the one engine runtime (``talkies.engines.runner``): batched through
+``decode_many`` by default, one ``decode_stream`` per chunk with ``batch: false``.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ sherpa_onnx = pytest.importorskip("sherpa_onnx")
 pytest.importorskip("onnx")
 
 from talkies.engines import sherpa as engine  # noqa: E402
+from talkies.engines.base import EngineUnavailable  # noqa: E402
 from talkies.engines.registry import ModelEntry  # noqa: E402
+from talkies.engines.runner import ThreadedStream  # noqa: E402
 from talkies.protocol import EngineEndpoint, EngineFailed, EngineFinal, EnginePartial  # noqa: E402
 from talkies.protocol.messages import StartOptions  # noqa: E402
 
@@ -194,7 +199,9 @@ def test_speech_gives_endpoints_in_trailing_silence_and_words(
         events += recognition.accept(frame)
     events.append(recognition.finish())
     recognition.close()
-    endpoints = [e for e in events if isinstance(e, EngineEndpoint)]
+    # Endpoints are reported as sherpa finds them, empty ones in silence too: dropping those
+    # is the protocol session's job.
+    endpoints = [e for e in events if isinstance(e, EngineEndpoint) and e.text]
     assert len(endpoints) == 2, events
     duration = len(pcm) / 32000
     previous_end = 0.0
@@ -354,10 +361,10 @@ def test_batched_streams_equal_streams_decoded_alone(
     models: dict[str, engine.SherpaModel], speech: np.ndarray
 ) -> None:
     model = models[LSTM]
-    assert model.batcher is not None
+    assert model.options.batch
     audios = many_audios(speech, 8)
     expected = [gen.decode_directly(model.recognizer, pcm) for pcm in audios]
-    calls, chunks = model.batcher.decode_calls, model.batcher.decoded_chunks
+    calls, chunks = model.counters.decode_calls, model.counters.decoded_chunks
     results: dict[int, list[Any]] = {}
 
     async def main() -> None:
@@ -372,11 +379,12 @@ def test_batched_streams_equal_streams_decoded_alone(
     for i in range(len(audios)):
         assert transcript(results[i]) == expected[i], i
         assert not any(isinstance(e, EngineFailed) for e in results[i])
-    calls = model.batcher.decode_calls - calls
-    chunks = model.batcher.decoded_chunks - chunks
+    calls = model.counters.decode_calls - calls
+    chunks = model.counters.decoded_chunks - chunks
     assert chunks >= len(audios) * 10
     assert calls < chunks / 2, (calls, chunks)  # most calls decoded several streams at once
-    assert not model.batcher._slots  # every stream was freed
+    assert model.counters.live_streams == 0  # every native stream was freed
+    assert model.rounds.open_streams == 0
 
 
 def test_unbatched_mode_equals_reference(
@@ -384,12 +392,29 @@ def test_unbatched_mode_equals_reference(
 ) -> None:
     root, config = model_dirs[LSTM]
     model = engine.load(make_entry("plain", root, config, batch=False), root, "cpu")
-    assert isinstance(model, engine.SherpaModel) and model.batcher is None
+    assert isinstance(model, engine.SherpaModel) and not model.options.batch
     try:
         audios = many_audios(speech, 3)
         for pcm in audios:
             events = anyio.run(decode_stream, model, pcm, [1000, 4096, 2])
             assert transcript(events) == gen.decode_directly(model.recognizer, pcm)
+        assert model.counters.decode_calls == 0  # decoded one stream at a time, not batched
+
+        async def together() -> list[list[Any]]:
+            # Several unbatched streams share the model's rounds, each decoded on its own.
+            out: list[list[Any]] = [[] for _ in audios]
+
+            async def one(i: int) -> None:
+                out[i] = await decode_stream(model, audios[i], [640 * (1 + i)])
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(audios)):
+                    tg.start_soon(one, i)
+            return out
+
+        for pcm, events in zip(audios, anyio.run(together), strict=True):
+            assert transcript(events) == gen.decode_directly(model.recognizer, pcm)
+        assert model.counters.decode_calls == 0 and model.counters.live_streams == 0
     finally:
         model.close()
 
@@ -426,7 +451,7 @@ def test_close_waits_for_the_decode_in_flight(
     slow = SlowRecognizer(models[LSTM].recognizer, delay=0.2)
     model = engine.SherpaModel(slow, engine.SherpaOptions(), slug="slow")
     freed_while_busy: list[int] = []
-    original_free = engine._Decoder.free
+    original_free = engine.StreamDecoder.free
 
     def checked_free(self: Any) -> None:
         with slow.lock:
@@ -434,7 +459,7 @@ def test_close_waits_for_the_decode_in_flight(
                 freed_while_busy.append(id(self.stream))
         original_free(self)
 
-    monkeypatch.setattr(engine._Decoder, "free", checked_free)
+    monkeypatch.setattr(engine.StreamDecoder, "free", checked_free)
     pcm = utterances(speech, [1.0])
 
     async def main() -> float:
@@ -442,32 +467,42 @@ def test_close_waits_for_the_decode_in_flight(
             await model.open_stream(StartOptions(model="slow"), max_buffered_bytes=64000)
             for _ in range(4)
         ]
-        for stream in streams:
-            await stream.feed(pcm[:64000])
-        while not slow.busy:
-            await anyio.sleep(0.001)
-        started = time.monotonic()
-        # Closing from a cancelled scope still waits for the decode and frees the stream.
-        with anyio.CancelScope() as scope:
-            scope.cancel()
-            await streams[0].aclose()
-        for stream in streams[1:]:
-            await stream.aclose()
-            await stream.aclose()  # idempotent
-        return time.monotonic() - started
+
+        async def drain(stream: Any) -> None:
+            async for _ in stream.events():
+                pass
+
+        async with anyio.create_task_group() as tg:
+            for stream in streams:
+                tg.start_soon(drain, stream)
+            for stream in streams:
+                await stream.feed(pcm[:64000])
+            while not slow.busy:
+                await anyio.sleep(0.001)
+            started = time.monotonic()
+            # Closing from a cancelled scope still waits for the decode and frees the stream.
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                await streams[0].aclose()
+            for stream in streams[1:]:
+                await stream.aclose()
+                await stream.aclose()  # idempotent
+            return time.monotonic() - started
 
     try:
         waited = anyio.run(main)
         assert waited > 0.05  # the first close really waited for the batch in flight
         assert not freed_while_busy
         slow.delay = 0.0
-        assert model.batcher is not None and not model.batcher._slots
+        assert model.counters.live_streams == 0 and model.rounds.open_streams == 0
         # The model still works afterwards.
         events = anyio.run(decode_stream, model, pcm)
         assert transcript(events) == gen.decode_directly(models[LSTM].recognizer, pcm)
     finally:
         model.close()
-    assert model.batcher._thread is not None and not model.batcher._thread.is_alive()
+    # A closed model opens no more streams.
+    with pytest.raises(EngineUnavailable, match="unloaded"):
+        anyio.run(decode_stream, model, pcm)
 
 
 def test_decode_errors_fail_the_streams_in_the_batch(
@@ -513,7 +548,7 @@ def test_feed_waits_while_the_queue_is_full(
     async def main() -> list[Any]:
         nonlocal peak
         stream = await model.open_stream(StartOptions(model="s"), max_buffered_bytes=8000)
-        assert isinstance(stream, engine.BatchedStream)
+        assert isinstance(stream, ThreadedStream)
         events: list[Any] = []
         async with anyio.create_task_group() as tg:
 
@@ -535,6 +570,30 @@ def test_feed_waits_while_the_queue_is_full(
         model.close()
     assert peak <= 8000
     assert transcript(events) == gen.decode_directly(models[LSTM].recognizer, pcm)
+
+
+def test_streams_decode_without_a_reader(
+    models: dict[str, engine.SherpaModel], speech: np.ndarray
+) -> None:
+    """Rounds are started by feed/flush and by the end of the previous round, not by whoever
+    reads the events: a stream whose events nobody reads yet is decoded all the same."""
+    model = models[LSTM]
+    pcm = utterances(speech, [1.0, 0.6])
+
+    async def main() -> list[Any]:
+        stream = await model.open_stream(StartOptions(model="x"), max_buffered_bytes=len(pcm))
+        try:
+            await stream.feed(pcm)
+            await stream.flush()
+            assert isinstance(stream, ThreadedStream)
+            with anyio.fail_after(10):
+                while stream.buffered_bytes or not stream._ended:
+                    await anyio.sleep(0.01)
+            return [event async for event in stream.events()]
+        finally:
+            await stream.aclose()
+
+    assert transcript(anyio.run(main)) == gen.decode_directly(model.recognizer, pcm)
 
 
 # -- parity over the wire ------------------------------------------------------------------------
@@ -605,7 +664,6 @@ def test_clients_that_cancel_or_vanish_free_their_streams(
     import socket
 
     model = models[LSTM]
-    assert model.batcher is not None
     pcm = utterances(speech, [1.0, 0.8])
     clients = []
     for i in range(4):
@@ -626,9 +684,10 @@ def test_clients_that_cancel_or_vanish_free_their_streams(
         ws.socket.shutdown(socket.SHUT_RDWR)
         ws.socket.close()
     deadline = time.monotonic() + 10
-    while model.batcher._slots and time.monotonic() < deadline:
+    while model.counters.live_streams and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not model.batcher._slots, "every engine stream was freed"
+    assert model.counters.live_streams == 0, "every engine stream was freed"
+    assert model.rounds.open_streams == 0
     expected = gen.decode_directly(model.recognizer, pcm)
     assert len(expected[0]) == 2
     assert over_the_wire(server.url, LSTM, pcm, [4096]) == expected

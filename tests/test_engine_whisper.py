@@ -36,6 +36,7 @@ from talkies.engines.whisper import (
     RollingConfig,
     WhisperRecognition,
     choose_cut,
+    commit_samples,
     drop_repeated_start,
     encoder_positions,
     resolve_config,
@@ -154,17 +155,64 @@ def test_a_backlog_is_decoded_once_not_per_refresh_period() -> None:
     assert decoder.partial_decodes == 1
 
 
-def test_partials_only_when_the_text_changes() -> None:
+def test_a_partial_after_every_decode() -> None:
+    # Unchanged hypotheses are reported too: dropping them is the protocol session's job.
     decoder = ScriptedDecoder()
     rec = rolling(decoder)
     silence = bytes(4 * SR * 2)
-    assert feed(rec, silence, 3200) == []  # decodes happen, nothing is heard, nothing sent
+    updates = feed(rec, silence, 3200)
     assert decoder.partial_decodes == 8
+    assert [u.text for u in updates] == [""] * 8
     updates = feed(rec, synthetic_speech(2, lead=0.0), 3200) + feed(rec, bytes(SR), 3200)
-    texts = [u.text for u in updates]
     assert all(isinstance(u, EnginePartial) for u in updates)
-    assert all(a != b for a, b in itertools.pairwise(texts))
-    assert texts[-1] == "w1 w2"
+    assert len(updates) == len(decoder.requests) - 8
+    assert updates[-1].text == "w1 w2"
+
+
+def test_refreshes_keep_to_their_grid_after_a_late_decode() -> None:
+    """Refreshes are due at multiples of the period in stream time: a batch that arrives
+    late (the decoder was busy) gets one decode, and the next is due at the next multiple,
+    not a whole period later; a grid point missed entirely is made up once, at once."""
+    decoder = ScriptedDecoder()
+    rec = rolling(decoder, refresh_seconds=0.5)
+    pcm = synthetic_speech(6)
+    frame = 640  # 20 ms
+
+    def frames_up_to(first: int, last: int) -> None:
+        for k in range(first, last):
+            rec.accept(pcm[k * frame : (k + 1) * frame])
+
+    rec.accept(pcm[: 38 * frame])  # 0.76 s at once: one decode (for 0.5 s)
+    assert [n // 320 for n, _ in decoder.requests] == [38]
+    frames_up_to(38, 50)  # to 1.0 s in frames: the refresh due at 1.0 s
+    assert [n // 320 for n, _ in decoder.requests] == [38, 50]
+    rec.accept(pcm[50 * frame : 105 * frame])  # 1.1 s late (for 1.5 s; 2.0 s was missed)
+    frames_up_to(105, 125)  # made up at the next frame (2.12 s), then 2.5 s
+    assert [n // 320 for n, _ in decoder.requests] == [38, 50, 105, 106, 125]
+
+
+def test_a_backlog_longer_than_the_window_is_one_commit() -> None:
+    """A stream that fell behind skips to its newest audio: everything it has buffered goes
+    into one commit decode (up to the commit span), and the partial covers it all."""
+    decoder = ScriptedDecoder()
+    rec = rolling(decoder)
+    pcm = synthetic_speech(20)  # 12.3 s
+    updates = rec.accept(pcm)  # all at once, as after a long stall
+    assert [(n, r.final) for n, r in decoder.requests] == [(len(pcm) // 2, True)]
+    assert len(updates) == 1 and isinstance(updates[0], EnginePartial)
+    assert updates[0].text == expected_text(20)  # committed + the kept tail: the newest audio
+    assert rec.buffered_seconds <= rec.config.window_seconds
+    assert rec.finish().text == expected_text(20)
+    # Longer than a commit's span: as few commits as the span allows, then the tail.
+    span = commit_samples(RollingConfig())
+    long = synthetic_speech(60)  # 36.3 s
+    decoder = ScriptedDecoder()
+    rec = rolling(decoder)
+    rec.accept(long)
+    commits = [n for n, r in decoder.requests if r.final]
+    assert commits and all(n <= span for n in commits)
+    assert len(commits) <= -(-len(long) // 2 // (span - 2 * SR))
+    assert rec.finish().text == expected_text(60)
 
 
 @pytest.mark.parametrize("chunk", [640, 3201, 16000, 7 * SR * 2, 10**9])
@@ -178,9 +226,11 @@ def test_final_covers_the_whole_stream_once(chunk: int, early: float) -> None:
     assert isinstance(final, EngineFinal)
     assert final.text == expected_text(n)
     assert all(isinstance(u, EnginePartial) for u in updates)  # never an endpoint
-    assert decoder.final_decodes >= 5
     commits = [size for size, r in decoder.requests if r.final][:-1]
-    assert all(size == rec.config.window_samples for size in commits)
+    # A commit decodes all that is buffered (the window and a batch), up to its span.
+    assert len(commits) >= (5 if chunk < SR else 2)
+    span = commit_samples(rec.config)
+    assert all(rec.config.window_samples < size <= span for size in commits)
     assert rec.committed_text  # the older part was committed
     assert expected_text(n).startswith(rec.committed_text)
 
@@ -213,7 +263,14 @@ def test_finish_reuses_a_final_quality_decode_of_the_same_audio() -> None:
     decoder = ScriptedDecoder()
     rec = rolling(decoder, window_seconds=2.0, keep_seconds=0.5, interim_results=False)
     pcm = synthetic_speech(5)
-    rec.accept(pcm[: 2 * SR * 2 + 2])  # one sample over: one commit
+    rec.accept(pcm[: 2 * SR * 2 + 2])  # one sample over: one commit, of all of it
+    count = len(decoder.requests)
+    assert count == 1
+    rec.finish()
+    assert len(decoder.requests) == count  # the commit decoded exactly what is left
+    rec = rolling(decoder, window_seconds=2.0, keep_seconds=0.5, interim_results=False)
+    rec.accept(pcm[: 2 * SR * 2 + 2])
+    rec.accept(pcm[2 * SR * 2 + 2 : 2 * SR * 2 + 4])
     count = len(decoder.requests)
     rec.finish()
     assert len(decoder.requests) == count + 1  # the tail grew by a sample: decoded again

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ..protocol import EngineEndpoint, EngineFailed, EngineFinal, EnginePartial, ErrorCode, Word
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
     from .runner import DecodeRounds
 
 __all__ = [
+    "BatchRecognition",
     "EngineEvent",
     "EngineStream",
     "EngineUnavailable",
@@ -28,7 +30,9 @@ __all__ = [
     "StreamProvider",
     "Transcript",
     "TranscriptSegment",
+    "TranscriptionCancelled",
     "TranscriptionRequest",
+    "Work",
     "transcribe_recognition",
 ]
 
@@ -53,6 +57,38 @@ class Recognition(Protocol):
     def close(self) -> None:
         """Free the stream's native resources. Called once, after any accept/finish."""
         ...
+
+
+@dataclass(slots=True, eq=False)
+class Work:
+    """One stream's share of a decode round (:mod:`talkies.engines.runner`).
+
+    In: the audio queued since the last round and whether the input ends after it. Out: the
+    events, in order (an EngineFinal or EngineFailed ends the stream), and ``more``: the
+    decoder still holds decodable input, so the runtime calls again, with no new audio and no
+    finish, before it gives the stream more (its bounded queue, not the decoder, absorbs a
+    client that is faster than decoding).
+    """
+
+    recognition: Recognition
+    pcm: bytes
+    finish: bool
+    events: list[EngineEvent] = field(default_factory=list)
+    more: bool = False
+
+
+class BatchRecognition(Recognition, Protocol):
+    """A :class:`Recognition` that can also decode many streams of its model in one call.
+
+    The runtime calls ``decode_many`` instead of ``accept``/``finish`` when a recognition
+    has it: once per round, on one of the round's recognitions, with every stream of the same
+    recognition type in the round. It decodes each item's ``pcm``, ends its input when
+    ``finish`` is set (an EngineFinal once everything before the end was decoded), fills in
+    ``events`` and ``more``, and reports a failure of one stream as an EngineFailed in its
+    events. An exception fails every stream of the call.
+    """
+
+    def decode_many(self, work: Sequence[Work]) -> None: ...
 
 
 class Refusal(Exception):
@@ -104,22 +140,33 @@ class LoadedModel(Protocol):
 
 
 class RecognitionModel:
-    """A :class:`LoadedModel` for engines whose streams are plain :class:`Recognition` objects:
-    each stream is run by a :class:`~talkies.engines.runner.ThreadedStream`."""
+    """A :class:`LoadedModel` for engines whose streams are :class:`Recognition` objects, all
+    run by the one engine-stream runtime (:mod:`talkies.engines.runner`): one set of
+    worker-thread decode rounds per model."""
 
     def recognition(self, options: StartOptions) -> Recognition:
-        """Create a stream's decoder state (cheap; called on the event loop)."""
+        """Create a stream's decoder state. Called in a worker thread (creating one may take
+        tens of milliseconds: a Vosk recognizer); may raise :class:`Refusal`."""
         raise NotImplementedError
+
+    def decode_rounds(self) -> DecodeRounds:
+        """The model's rounds, made on first use (override to tune them)."""
+        from .runner import DecodeRounds
+
+        return DecodeRounds()
 
     _rounds: DecodeRounds | None = None
 
-    async def open_stream(self, options: StartOptions, *, max_buffered_bytes: int) -> EngineStream:
-        from .runner import DecodeRounds, ThreadedStream
+    @property
+    def rounds(self) -> DecodeRounds:
+        if self._rounds is None:
+            self._rounds = self.decode_rounds()
+            self._rounds.label = str(getattr(self, "slug", "") or type(self).__name__)
+        return self._rounds
 
-        if self._rounds is None:  # one set of worker-thread rounds per model
-            self._rounds = DecodeRounds()
-        return ThreadedStream(
-            self.recognition(options), max_buffered_bytes=max_buffered_bytes, rounds=self._rounds
+    async def open_stream(self, options: StartOptions, *, max_buffered_bytes: int) -> EngineStream:
+        return await self.rounds.open(
+            lambda: self.recognition(options), max_buffered_bytes=max_buffered_bytes
         )
 
     def close(self) -> None:
@@ -144,14 +191,22 @@ class NoModels:
 # -- whole-file transcription (POST /v1/audio/transcriptions) --------------------------------
 
 
+class TranscriptionCancelled(Exception):
+    """A file transcription stopped because its ``cancel`` event was set (the client left)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TranscriptionRequest:
     """The decoding options of one file transcription (OpenAI's form fields, checked)."""
 
-    language: str | None = None  # None or "auto": detect, where the engine can
+    # None: the model's default language (Whisper's entry option; others report none);
+    # "auto": detect, where the engine can; else a language code.
+    language: str | None = None
     prompt: str | None = None  # text that conditions the decoder (Whisper's initial prompt)
     temperature: float = 0.0  # 0: greedy
     word_timestamps: bool = False  # timestamp_granularities includes "word"
+    # Set from another thread to stop the transcription (TranscriptionCancelled).
+    cancel: threading.Event | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and 0.0 <= self.temperature <= 1.0):
@@ -206,19 +261,27 @@ class FileTranscriber(Protocol):
     """
 
     def transcribe(self, pcm: bytes, request: TranscriptionRequest) -> Transcript:
-        """Transcribe PCM16LE mono 16 kHz audio. Blocking: call it from a worker thread."""
+        """Transcribe PCM16LE mono 16 kHz audio. Blocking: call it from a worker thread.
+
+        Raises :class:`TranscriptionCancelled` soon after ``request.cancel`` is set."""
         ...
 
 
 def transcribe_recognition(
-    recognition: Recognition, pcm: bytes, *, step: int, language: str | None
+    recognition: Recognition,
+    pcm: bytes,
+    *,
+    step: int,
+    language: str | None,
+    cancel: threading.Event | None = None,
 ) -> Transcript:
     """Feed ``pcm`` through ``recognition`` to completion, ``step`` bytes at a time.
 
     Each endpoint with text becomes a segment, and the final result the last one. Segments
     are contiguous: each ends at the audio accepted when its endpoint came (so within
     ``step`` of the decoder's own boundary) and the next starts there; the last ends with the
-    audio. Closes ``recognition``.
+    audio. ``cancel`` is checked before every step: once set, this raises
+    :class:`TranscriptionCancelled`. Closes ``recognition``.
     """
     if step < 2 or step % 2:
         raise ValueError("step must be a positive even number of bytes")
@@ -238,13 +301,19 @@ def transcribe_recognition(
             )
         start = end
 
+    def check() -> None:
+        if cancel is not None and cancel.is_set():
+            raise TranscriptionCancelled("the transcription was cancelled")
+
     try:
         for offset in range(0, len(pcm), step):
+            check()
             chunk = pcm[offset : offset + step]
             accepted = (offset + len(chunk)) / (2 * SAMPLE_RATE)
             for update in recognition.accept(chunk):
                 if isinstance(update, EngineEndpoint):
                     add(update.text.strip(), update.words, accepted)
+        check()
         final = recognition.finish()
         add(final.text.strip(), final.words, duration)
     finally:

@@ -1,100 +1,318 @@
-"""Bridge synchronous :class:`Recognition` streams to the event loop, in combined rounds.
+"""The one engine-stream runtime: a byte-bounded queue in, events out, decoding in rounds.
 
-Each stream queues audio in a queue bounded in bytes (``TALKIES_STREAM_MAX_BUFFER_SECONDS`` of
-PCM); a full queue makes ``feed`` wait, so the transport stops reading the socket and a slow
-decoder slows the client's TCP window instead of growing the server's memory.
+Every live stream of every engine runs here (``shared/design.md``, "One engine runtime"):
 
-Decoding happens in *rounds* on worker threads (:class:`DecodeRounds`, one per model). A stream
-with work joins the model's ready list; if fewer than ``parallel`` rounds are running, it leads
-one: it takes every ready stream's queued audio, hands the whole batch to one worker thread,
-which runs each stream's decoder in turn, and gives every stream its results. Streams that
-arrive while a round runs wait for the next one. So a thread hop is paid per round, not per
-stream or frame: under load, one hop serves many streams (flat combining), and an idle server
-answers a single stream with a single hop.
+- **Queue.** Each stream (:class:`ThreadedStream`) queues audio in a queue bounded in bytes
+  (``TALKIES_STREAM_MAX_BUFFER_SECONDS`` of PCM). A full queue makes ``feed`` wait, so the
+  transport stops reading the socket and a slow decoder slows the client's TCP window instead
+  of growing the server's memory.
+- **Rounds.** Decoding happens in rounds on worker threads (:class:`DecodeRounds`, one per
+  model). A stream that gets work (audio, the end of its input) joins the model's ready list;
+  if fewer than ``parallel`` rounds are running, a round starts at once: it takes every ready
+  stream's :class:`~talkies.engines.base.Work` (its queued audio, whether its input ends) to
+  one worker thread, and when it is done the event loop gives every stream its results and
+  starts the next round with the streams that have work by then. So a thread hop is paid per
+  round, not per stream or frame: under load one hop serves many streams, and an idle server
+  answers a single stream with a single hop. Once decoding costs more than a hop (over 1 ms
+  per stream and round), the ready streams are shared between the free round threads, so
+  one-by-one decoders use every core. Rounds are started from ``feed``/``flush`` and
+  from the previous round's completion, all on the event loop: no task leads them, so a
+  round never waits for some stream's task to be scheduled, nor dies with it.
+- **Batching.** In a round, recognitions that offer ``decode_many``
+  (:class:`~talkies.engines.base.BatchRecognition`: sherpa) are decoded together, one call
+  per recognition type; the others one by one, with ``accept`` and ``finish``. A batched
+  decoder may keep decodable input for later (``Work.more``): the stream then goes again in
+  the next round without new audio, and its queue, not the decoder, absorbs the backlog.
+- **Gathering.** With ``gather`` > 0 (sherpa's ``max_wait``), a round that would start from
+  idle first waits up to that long for every open stream of the model to have work, so one
+  batched call serves them all rather than the first one alone.
+- **Opening.** A stream's recognition is created in a worker thread (:meth:`DecodeRounds.open`):
+  a Vosk recognizer takes ~70 ms, which on the event loop would stall every connection.
+
+The runtime passes events through as the decoders report them: dropping unchanged partials
+and empty endpoints is the protocol session's job alone (``docs/protocol.md``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
+import queue
+import threading
+import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 import anyio.to_thread
 
 from ..protocol import EngineFailed, EngineFinal
-from .base import EngineEvent, Recognition
+from ..metrics import DECODE_ROUND_SECONDS
+from .base import EngineEvent, Recognition, Work
 
 __all__ = ["DecodeRounds", "ThreadedStream"]
 
 log = logging.getLogger("talkies.engines")
 
+_DECODE_FAILED = "the speech engine failed while decoding"
+# A round thread with nothing to do for this long ends: an idle or unloaded model keeps none.
+_IDLE_SECONDS = 10.0
 
-class DecodeRounds:
-    """The worker-thread rounds of one model: at most ``parallel`` at a time."""
+# Decoding time per stream per round above which the ready streams are shared between the
+# free round threads rather than given to one: a thread hop costs ~50 us, so a null engine
+# (the transport benchmarks) keeps one hop per round, while real decoders use every core.
+_SPLIT_SECONDS = 0.001
 
-    def __init__(self, parallel: int | None = None, limiter: anyio.CapacityLimiter | None = None):
-        self.parallel = max(1, parallel if parallel is not None else (os.cpu_count() or 1))
-        self._limiter = limiter
-        self._ready: deque[ThreadedStream] = deque()
-        self._running = 0
+_Callback = Callable[[], None]
+_Wake = Callable[[_Callback], None]
+_Done = Callable[[float], None]
 
-    def _enqueue(self, stream: ThreadedStream) -> None:
-        self._ready.append(stream)
 
-    def _can_lead(self) -> bool:
-        return bool(self._ready) and self._running < self.parallel
+def _waker(token: anyio.lowlevel.EventLoopToken) -> _Wake:
+    """Schedule a callback on the event loop of ``token`` from any thread, without waiting
+    for it where the backend allows (asyncio, trio)."""
+    native = token.native_token
+    if isinstance(native, asyncio.AbstractEventLoop):
+        loop = native
 
-    async def _lead(self) -> None:
-        """Run one round over every ready stream (called by a stream's events loop)."""
-        batch: list[tuple[ThreadedStream, bytes, bool]] = []
-        while self._ready:
-            stream = self._ready.popleft()
-            stream._queued = False
-            if stream._closed:
-                continue
-            audio, finish = stream._take_work()
-            stream._busy = True
-            batch.append((stream, audio, finish))
-        if not batch:
-            return
-        self._running += 1
+        def on_asyncio(callback: _Callback) -> None:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+                loop.call_soon_threadsafe(callback)
+
+        return on_asyncio
+    run_sync_soon = getattr(native, "run_sync_soon", None)
+    if callable(run_sync_soon):
+
+        def on_trio(callback: _Callback) -> None:
+            with contextlib.suppress(Exception):  # trio.RunFinishedError: the run is over
+                run_sync_soon(callback)
+
+        return on_trio
+
+    def blocking(callback: _Callback) -> None:
+        with contextlib.suppress(Exception):  # the loop is gone
+            anyio.from_thread.run_sync(callback, token=token)
+
+    return blocking
+
+
+def _later(token: anyio.lowlevel.EventLoopToken, delay: float, callback: _Callback) -> _Callback:
+    """Run ``callback`` on the event loop after ``delay`` seconds; returns a cancel function."""
+    native = token.native_token
+    if isinstance(native, asyncio.AbstractEventLoop):
+        return native.call_later(delay, callback).cancel
+    timer = threading.Timer(delay, _waker(token), (callback,))
+    timer.daemon = True
+    timer.start()
+    return timer.cancel
+
+
+class _RoundThreads:
+    """The threads that run one model's rounds (at most ``parallel`` busy at once).
+
+    Not ``anyio.to_thread.run_sync``: a round is started from plain event-loop callbacks, and
+    its end must start the next one without waiting for any task to be scheduled.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._jobs: queue.SimpleQueue[tuple[Sequence[Work], _Done]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0  # threads waiting for a job, less the jobs queued for them
+        self._started = 0
+
+    def submit(self, batch: Sequence[Work], done: _Done) -> None:
+        """Decode ``batch`` in a round thread, then call ``done(seconds it took)`` there."""
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+            else:
+                self._started += 1
+                name = f"{self._name}-{self._started}"
+                threading.Thread(target=self._run, name=name, daemon=True).start()
+        self._jobs.put((batch, done))
+
+    def _run(self) -> None:
+        while True:
+            try:
+                batch, done = self._jobs.get(timeout=_IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle:  # more threads wait than jobs are queued: leave
+                        self._idle -= 1
+                        return
+                continue  # a job is queued for a waiting thread: this one
+            started = time.perf_counter()
+            try:
+                _decode_round(batch)
+            except BaseException:  # the decoders' own errors are caught inside
+                log.exception("engine decode round failed")
+                for work in batch:
+                    work.events.append(EngineFailed(detail=_DECODE_FAILED))
+                    work.more = False
+            took = time.perf_counter() - started
+            with self._lock:
+                self._idle += 1
+            done(took)
+
+
+def _decode_round(batch: Sequence[Work]) -> None:
+    """Round thread: every stream of the round; a failure is its stream's alone (or its
+    batched call's)."""
+    groups: dict[type, list[Work]] = {}
+    for work in batch:
+        if callable(getattr(work.recognition, "decode_many", None)):
+            groups.setdefault(type(work.recognition), []).append(work)
+            continue
+        recognition = work.recognition
         try:
-            # Shielded: the decoders run to the end of the round whatever happens to the
-            # leader, so no stream is freed mid-decode and no stream loses its results.
-            with anyio.CancelScope(shield=True):
-                outcomes = await anyio.to_thread.run_sync(
-                    _decode_round, batch, limiter=self._limiter
-                )
-        finally:
-            self._running -= 1
-        for (stream, _audio, _finish), events in zip(batch, outcomes, strict=True):
-            stream._busy = False
-            stream._deliver(events)
-        for waiting in self._ready:
-            waiting._wake()  # streams that joined meanwhile: one of them leads the next round
-
-
-def _decode_round(batch: Sequence[tuple[ThreadedStream, bytes, bool]]) -> list[list[EngineEvent]]:
-    """Worker thread: each stream's decoder in turn; a failure is that stream's alone."""
-    out: list[list[EngineEvent]] = []
-    for stream, audio, finish in batch:
-        events: list[EngineEvent] = []
-        try:
-            if audio:
-                events.extend(stream._rec.accept(audio))
-            if finish:
-                events.append(stream._rec.finish())
+            if work.pcm:
+                work.events.extend(recognition.accept(work.pcm))
+            if work.finish:
+                work.events.append(recognition.finish())
         except Exception:
             log.exception("engine failed while decoding")
-            events.append(EngineFailed(detail="the speech engine failed while decoding"))
-        out.append(events)
-    return out
+            work.events.append(EngineFailed(detail=_DECODE_FAILED))
+    for items in groups.values():
+        try:
+            items[0].recognition.decode_many(items)  # type: ignore[attr-defined]
+        except Exception:
+            log.exception("engine failed while decoding a batch", extra={"streams": len(items)})
+            for work in items:
+                work.events.append(EngineFailed(detail=_DECODE_FAILED))
+                work.more = False
+
+
+class DecodeRounds:
+    """The worker-thread rounds of one model: at most ``parallel`` at a time.
+
+    Everything but the decoding itself happens on the event loop, in callbacks.
+    """
+
+    def __init__(self, parallel: int | None = None, *, gather: float = 0.0) -> None:
+        self.parallel = max(1, parallel if parallel is not None else (os.cpu_count() or 1))
+        self.gather = max(0.0, gather)
+        self._threads = _RoundThreads("engine-round")
+        self._ready: deque[ThreadedStream] = deque()
+        self._running = 0
+        self._open: set[ThreadedStream] = set()
+        self._gathering: _Callback | None = None  # cancels the pending gather timer
+        self._gather_until = 0.0
+        self._stream_seconds = 0.0  # recent decoding time per stream and round
+        self.rounds = 0  # rounds run, for tests and benchmarks
+        self.label = ""  # the model's slug: the ``model`` label of the round-time histogram
+
+    @property
+    def open_streams(self) -> int:
+        """Streams opened and not yet closed."""
+        return len(self._open)
+
+    async def open(
+        self, create: Callable[[], Recognition], *, max_buffered_bytes: int
+    ) -> ThreadedStream:
+        """A stream over the recognition ``create()`` makes in a worker thread; whatever it
+        raises (a :class:`~talkies.engines.base.Refusal`) propagates."""
+        if max_buffered_bytes < 2:
+            raise ValueError("max_buffered_bytes must be at least 2")
+        # Not abandoned on cancel: a recognition that was made is handed over (and closed by
+        # whoever closes the stream), never leaked by a caller that went away meanwhile.
+        recognition = await anyio.to_thread.run_sync(create)
+        return ThreadedStream(recognition, max_buffered_bytes=max_buffered_bytes, rounds=self)
+
+    # -- event loop callbacks -------------------------------------------------------------------
+
+    def _enqueue(self, stream: ThreadedStream) -> bool:
+        """Put ``stream`` in the ready list if it has work; whether it is there now."""
+        if stream._queued:
+            return True
+        if stream._busy or not stream._has_work():
+            return False
+        stream._queued = True
+        self._ready.append(stream)
+        return True
+
+    def _poke(self, stream: ThreadedStream) -> None:
+        """``stream`` got work (audio, its end): queue it; start a round if one may start."""
+        if not self._enqueue(stream) or self._running >= self.parallel:
+            return  # a round in progress starts the next one when it ends
+        if self._gathering is not None:
+            if self._all_ready() or time.monotonic() > self._gather_until:
+                self._gathered()  # (the timer of a loop that has gone never fires)
+            return
+        if self.gather and self._running == 0 and not self._all_ready():
+            # Out of idle: give the other streams' audio a moment to arrive, so that one
+            # batched call serves them all.
+            self._gather_until = time.monotonic() + self.gather + 0.1
+            self._gathering = _later(stream._token(), self.gather, self._gathered)
+            return
+        self._start()
+
+    def _all_ready(self) -> bool:
+        return all(s._queued or s._ended for s in self._open)
+
+    def _gathered(self) -> None:
+        if self._gathering is not None:
+            cancel, self._gathering = self._gathering, None
+            cancel()
+        if self._running < self.parallel:
+            self._start()
+
+    def _forget(self, stream: ThreadedStream) -> None:
+        self._open.discard(stream)
+        if self._gathering is not None and self._all_ready():
+            self._gathered()
+
+    def _start(self) -> None:
+        """Take every ready stream's work into round threads: one, or when decoding costs
+        more than a thread hop, as many as are free, sharing the streams."""
+        shares = 1
+        free = self.parallel - self._running
+        if free > 1 and len(self._ready) > 1 and self._stream_seconds >= _SPLIT_SECONDS:
+            shares = min(free, len(self._ready))
+        while shares and self._ready:
+            take = -(-len(self._ready) // shares)
+            shares -= 1
+            batch: list[tuple[ThreadedStream, Work]] = []
+            while self._ready and len(batch) < take:
+                stream = self._ready.popleft()
+                work = stream._claim()
+                if work is not None:
+                    batch.append((stream, work))
+            if batch:
+                self._submit(batch)
+
+    def _submit(self, batch: list[tuple[ThreadedStream, Work]]) -> None:
+        self._running += 1
+        self.rounds += 1
+        wake = batch[0][0]._wake_loop
+
+        def done(seconds: float) -> None:  # in the round thread
+            wake(lambda: self._finished(batch, seconds))
+
+        self._threads.submit([work for _, work in batch], done)
+
+    def _finished(self, batch: list[tuple[ThreadedStream, Work]], seconds: float) -> None:
+        self._running -= 1
+        DECODE_ROUND_SECONDS.labels(self.label).observe(seconds)
+        self._stream_seconds += (seconds / len(batch) - self._stream_seconds) / 4  # recent
+        for stream, work in batch:
+            stream._settle(work)
+        for stream, _ in batch:
+            self._enqueue(stream)  # a backlog (Work.more) or audio that came meanwhile
+        # Straight on, without gathering: the model is not coming out of idle.
+        if self._ready and self._running < self.parallel and self._gathering is None:
+            self._start()
 
 
 class ThreadedStream:
-    """An :class:`~talkies.engines.base.EngineStream` over a :class:`Recognition`."""
+    """An :class:`~talkies.engines.base.EngineStream` over a :class:`Recognition`.
+
+    Without ``rounds`` the stream has rounds of its own (one at a time).
+    """
 
     def __init__(
         self,
@@ -111,44 +329,74 @@ class ThreadedStream:
         self._pending: deque[bytes] = deque()
         self._pending_bytes = 0
         self._flush = False  # end requested
-        self._finish_taken = False  # finish() handed to a round
+        self._finish_given = False  # the end was handed to a round
+        self._more = False  # the decoder holds decodable input (Work.more)
+        self._ended = False  # a final or failure was produced: nothing more to decode
         self._closed = False
         self._queued = False  # in the model's ready list
         self._busy = False  # inside a round
-        self._done = False  # EngineFinal or EngineFailed delivered
+        self._loop_token: anyio.lowlevel.EventLoopToken | None = None
+        self._wake_loop: _Wake = _ignore
         self._outbox: deque[EngineEvent] = deque()
-        self._signal = anyio.Event()  # results, new work, the lead, or close
+        self._signal = anyio.Event()  # results, or close
         self._room = anyio.Event()  # the queue drained
         self._idle = anyio.Event()  # not inside a round (for aclose)
         self._idle.set()
+        self._rounds._open.add(self)
+
+    @property
+    def recognition(self) -> Recognition:
+        return self._rec
 
     @property
     def buffered_bytes(self) -> int:
         return self._pending_bytes
 
-    # -- the event loop's side ----------------------------------------------------------------
+    # -- the rounds' side -------------------------------------------------------------------
 
-    def _wake(self) -> None:
-        self._signal.set()
+    def _token(self) -> anyio.lowlevel.EventLoopToken:
+        if self._loop_token is None:  # the loop this stream is used from (first feed/flush)
+            self._loop_token = anyio.lowlevel.current_token()
+            self._wake_loop = _waker(self._loop_token)
+        return self._loop_token
 
     def _has_work(self) -> bool:
-        return bool(self._pending) or (self._flush and not self._finish_taken)
+        if self._ended or self._closed:
+            return False
+        return self._more or bool(self._pending) or (self._flush and not self._finish_given)
 
-    def _take_work(self) -> tuple[bytes, bool]:
-        audio = b"".join(self._pending)
-        self._pending.clear()
-        self._pending_bytes = 0
-        self._room.set()
-        finish = self._flush and not self._finish_taken
-        self._finish_taken = self._finish_taken or finish
+    def _claim(self) -> Work | None:
+        """Leave the ready list; this round's work, if there still is some."""
+        self._queued = False
+        if not self._has_work():
+            return None
+        if self._more:
+            pcm, finish = b"", False  # the decoder's backlog first; the queue waits
+        else:
+            pcm = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
+            self._pending.clear()
+            self._pending_bytes = 0
+            self._room.set()
+            finish = self._flush and not self._finish_given
+            self._finish_given = self._finish_given or finish
+        self._busy = True
         if self._idle.is_set():
             self._idle = anyio.Event()
-        return audio, finish
+        return Work(self._rec, pcm, finish)
 
-    def _deliver(self, events: list[EngineEvent]) -> None:
+    def _settle(self, work: Work) -> None:
+        """The round is over: its results."""
+        self._busy = False
+        self._more = work.more
+        if any(isinstance(e, EngineFinal | EngineFailed) for e in work.events):
+            self._ended = True
+            self._more = False
+        self._outbox.extend(work.events)
         self._idle.set()
-        self._outbox.extend(events)
-        self._wake()
+        if work.events or self._closed:
+            self._signal.set()
+
+    # -- the event loop's side ----------------------------------------------------------------
 
     async def feed(self, pcm: bytes) -> None:
         # A frame always fits into an empty queue (config checks frame <= buffer), so waiting
@@ -157,33 +405,27 @@ class ThreadedStream:
             if self._room.is_set():
                 self._room = anyio.Event()
             await self._room.wait()
-        if self._closed or self._flush:
+        if self._closed or self._flush or self._ended:
             return
         self._pending.append(pcm)
         self._pending_bytes += len(pcm)
-        self._wake()
+        self._token()
+        self._rounds._poke(self)
 
     async def flush(self) -> None:
         self._flush = True
-        self._wake()
+        self._token()
+        self._rounds._poke(self)
 
     async def events(self) -> AsyncIterator[EngineEvent]:
         while True:
             while self._outbox:
                 event = self._outbox.popleft()
-                if isinstance(event, EngineFinal | EngineFailed):
-                    self._done = True
                 yield event
-                if self._done:
+                if isinstance(event, EngineFinal | EngineFailed):
                     return
             if self._closed:
                 return
-            if self._has_work() and not self._queued and not self._busy:
-                self._queued = True
-                self._rounds._enqueue(self)
-            if self._queued and self._rounds._can_lead():
-                await self._rounds._lead()
-                continue
             if self._signal.is_set():
                 self._signal = anyio.Event()
                 continue
@@ -193,8 +435,9 @@ class ThreadedStream:
         if self._closed:
             return
         self._closed = True
+        self._rounds._forget(self)
         self._room.set()
-        self._wake()
+        self._signal.set()
         # Shielded: closing native resources must complete even if our caller is cancelled,
         # and must wait for a round that is using this decoder, never run beside it.
         with anyio.CancelScope(shield=True):
@@ -203,3 +446,7 @@ class ThreadedStream:
                 await anyio.to_thread.run_sync(self._rec.close)
             except Exception:
                 log.exception("engine failed to close a stream")
+
+
+def _ignore(callback: _Callback) -> None:
+    return None

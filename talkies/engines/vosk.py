@@ -1,19 +1,20 @@
 """``vosk``: Kaldi models through Vosk's ``KaldiRecognizer``, one recognizer per stream.
 
 :func:`load` opens the model snapshot's root with ``vosk.Model``; Vosk decodes on the CPU
-whatever ``TALKIES_DEVICE`` says. Each stream is a :class:`VoskRecognition` run by a
-:class:`~talkies.engines.runner.ThreadedStream`.
+whatever ``TALKIES_DEVICE`` says. Each stream is a :class:`VoskRecognition` run by the
+engine-stream runtime (:mod:`talkies.engines.runner`), which creates it in a worker thread: a
+``KaldiRecognizer`` takes ~70 ms to build, too long for the event loop.
 
 Audio reaches the recognizer in fixed blocks of :data:`CHUNK_BYTES` (0.1 s), whatever the
 client's frames or the runner's batches were: Vosk checks for an endpoint only at the end of
 each ``AcceptWaveform`` call, and the point where an utterance is cut changes how the next one
 is decoded, so feeding the client's framing through would make the transcript depend on it.
 A block that ends an utterance gives an endpoint (``Result()``); otherwise the stream reports
-``PartialResult()`` once per batch, when its text changed. ``end`` feeds the last partial block
-and returns ``FinalResult()``. Vosk's word times already count from the start of the stream,
-across utterances. Endpoints and the final carry words when the client asks for word
-timestamps; partials carry them only with the entry option ``partial_words``
-(:class:`VoskOptions`).
+``PartialResult()`` once per batch (the protocol session drops one that did not change).
+``end`` feeds the last partial block and returns ``FinalResult()``. Vosk's word times already
+count from the start of the stream, across utterances. Endpoints and the final carry words
+when the client asks for word timestamps; partials carry them only with the entry option
+``partial_words`` (:class:`VoskOptions`).
 
 Vosk's feature extraction dithers (unless the model's ``conf/mfcc.conf`` sets
 ``--dither=0``), drawing from the C library's process-wide ``rand()``: the same audio can give
@@ -34,6 +35,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from ..protocol import EngineEndpoint, EngineFinal, EnginePartial, Word
+from ..protocol.events import SAMPLE_RATE
 from ..protocol.messages import StartOptions
 from .base import (
     EngineUnavailable,
@@ -48,7 +50,6 @@ from .registry import ModelEntry
 
 __all__ = [
     "CHUNK_BYTES",
-    "SAMPLE_RATE",
     "VoskModel",
     "VoskOptions",
     "VoskRecognition",
@@ -59,7 +60,6 @@ __all__ = [
 
 log = logging.getLogger("talkies.engines")
 
-SAMPLE_RATE = 16000
 # 0.1 s of PCM16: the block size every recognizer is fed in (a multiple of 2 bytes).
 CHUNK_BYTES = 3200
 
@@ -215,7 +215,7 @@ class VoskModel(RecognitionModel):
         return self._model
 
     def recognizer(self) -> _Recognizer:
-        """A new ``KaldiRecognizer`` (~60 ms for a lookahead graph: call from a worker)."""
+        """A new ``KaldiRecognizer`` (~70 ms for a lookahead graph: call from a worker)."""
         recognizer: _Recognizer = self._vosk.KaldiRecognizer(self.native, float(SAMPLE_RATE))
         return recognizer
 
@@ -227,7 +227,8 @@ class VoskModel(RecognitionModel):
         :class:`~talkies.engines.base.FileTranscriber`; blocking). Vosk always has word times.
 
         Fed one :data:`CHUNK_BYTES` block per call, the block where Vosk finds an endpoint is
-        known exactly: segments end there (spec, "Sherpa-ONNX and Vosk").
+        known exactly: segments end there (spec, "Sherpa-ONNX and Vosk"). ``request.cancel``
+        is checked between blocks.
         """
         options = StartOptions(
             model=self.slug, interim_results=False, word_timestamps=request.word_timestamps
@@ -237,6 +238,7 @@ class VoskModel(RecognitionModel):
             pcm,
             step=CHUNK_BYTES,
             language=request.language_code,
+            cancel=request.cancel,
         )
 
     def close(self) -> None:
@@ -247,28 +249,26 @@ class VoskModel(RecognitionModel):
 class VoskRecognition:
     """One stream: a :class:`~talkies.engines.base.Recognition` over a ``KaldiRecognizer``.
 
-    The recognizer is made on the first ``accept``/``finish``, in the worker thread, because
-    ``recognition()`` runs on the event loop and building one takes tens of milliseconds.
+    Building it builds the recognizer (tens of milliseconds): the runtime does that in a
+    worker thread.
     """
 
     def __init__(self, model: VoskModel, options: StartOptions) -> None:
-        self._model = model
         self._words = options.word_timestamps
         self._partials = options.interim_results
-        self._partial_words = self._words and self._partials and model.options.partial_words
-        self._rec: _Recognizer | None = None
+        partial_words = self._words and self._partials and model.options.partial_words
+        rec = model.recognizer()
+        if self._words:
+            rec.SetWords(True)
+            set_partial_words = getattr(rec, "SetPartialWords", None)  # vosk >= 0.3.32
+            if partial_words and callable(set_partial_words):
+                set_partial_words(True)
+        self._rec: _Recognizer | None = rec
         self._pending = bytearray()  # less than CHUNK_BYTES not yet given to the recognizer
-        self._partial = ""  # the partial text last reported for the current utterance
 
     def _recognizer(self) -> _Recognizer:
         if self._rec is None:
-            rec = self._model.recognizer()
-            if self._words:
-                rec.SetWords(True)
-                set_partial_words = getattr(rec, "SetPartialWords", None)  # vosk >= 0.3.32
-                if self._partial_words and callable(set_partial_words):
-                    set_partial_words(True)
-            self._rec = rec
+            raise RuntimeError("the vosk stream was closed")
         return self._rec
 
     def accept(self, pcm: bytes) -> Sequence[EngineUpdate]:
@@ -283,16 +283,13 @@ class VoskRecognition:
             if rec.AcceptWaveform(block):
                 text, words = _parse(rec.Result(), "text", "result")
                 out.append(EngineEndpoint(text=text, words=words))
-                self._partial = ""
                 decoded = False
             else:
                 decoded = True
         del self._pending[:fed]
         if decoded and self._partials:
             text, words = _parse(rec.PartialResult(), "partial", "partial_result")
-            if text != self._partial:
-                self._partial = text
-                out.append(EnginePartial(text=text, words=words))
+            out.append(EnginePartial(text=text, words=words))
         return out
 
     def finish(self) -> EngineFinal:

@@ -1,0 +1,125 @@
+"""A whisper entry's ``options``, checked (:class:`RollingConfig`), and the encoder lengths
+they give a decode."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ...protocol.events import SAMPLE_RATE
+
+__all__ = [
+    "MIN_DECODE_SAMPLES",
+    "RollingConfig",
+    "commit_samples",
+    "encoder_positions",
+    "resolve_config",
+]
+
+log = logging.getLogger("talkies.engines")
+
+MIN_DECODE_SAMPLES = SAMPLE_RATE // 10  # whisper.cpp refuses input shorter than 100 ms
+
+
+@dataclass(frozen=True, slots=True)
+class RollingConfig:
+    """A model entry's ``options``, checked. Times in seconds."""
+
+    window_seconds: float = 5.0
+    refresh_seconds: float = 0.5
+    keep_seconds: float = 1.0
+    threads: int = 2
+    contexts: int = 1
+    # Encoder lengths in positions of 20 ms (Whisper's own is 1500: 30 s). Partials use
+    # audio_ctx (0: just enough for the window, rounded up to 64); commits and the final use
+    # final_audio_ctx, longer because accuracy drops when the encoder sees little beyond the
+    # speech (measured on base: 256 misreads words that 640 and up get right).
+    audio_ctx: int = 0
+    final_audio_ctx: int = 768
+    language: str = "en"  # when the client gives none
+    model_file: str | None = None
+
+    @property
+    def window_samples(self) -> int:
+        return round(self.window_seconds * SAMPLE_RATE)
+
+    @property
+    def refresh_samples(self) -> int:
+        return max(1, round(self.refresh_seconds * SAMPLE_RATE))
+
+
+def _number(options: Mapping[str, Any], key: str, default: float, low: float, high: float) -> float:
+    value = options.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"option {key!r} must be a number, got {value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"option {key!r} must be from {low:g} to {high:g}, got {value!r}")
+    return float(value)
+
+
+def _integer(options: Mapping[str, Any], key: str, default: int, low: int, high: int) -> int:
+    value = options.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"option {key!r} must be an integer, got {value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"option {key!r} must be from {low} to {high}, got {value!r}")
+    return value
+
+
+_OPTION_KEYS = frozenset(RollingConfig.__dataclass_fields__)
+
+
+def resolve_config(options: Mapping[str, Any]) -> RollingConfig:
+    """Check an entry's options; raise ValueError naming the first bad one."""
+    unknown = sorted(set(options) - _OPTION_KEYS)
+    if unknown:
+        log.warning("whisper: ignoring unknown options %s", ", ".join(map(repr, unknown)))
+    # The pool fills window_seconds from TALKIES_STREAM_MAX_BUFFER_SECONDS, a server-wide
+    # setting with a wider range: clamp it to what Whisper can hold rather than refuse.
+    window = _number(options, "window_seconds", 5.0, 0.0, math.inf)
+    if not 1.0 <= window <= 30.0:
+        clamped = min(max(window, 1.0), 30.0)
+        log.warning("whisper: window_seconds %g is outside 1-30 s; using %g", window, clamped)
+        window = clamped
+    refresh = _number(options, "refresh_seconds", 0.5, 0.05, window)
+    keep = _number(options, "keep_seconds", min(1.0, window / 4), 0.0, window / 2)
+    language = options.get("language", "en")
+    if not isinstance(language, str) or not language:
+        raise ValueError(f"option 'language' must be a language code, got {language!r}")
+    model_file = options.get("model_file")
+    if model_file is not None and (not isinstance(model_file, str) or not model_file):
+        raise ValueError(f"option 'model_file' must be a file name, got {model_file!r}")
+    return RollingConfig(
+        window_seconds=window,
+        refresh_seconds=refresh,
+        keep_seconds=keep,
+        threads=_integer(options, "threads", 2, 1, 256),
+        contexts=_integer(options, "contexts", 1, 1, 64),
+        audio_ctx=_integer(options, "audio_ctx", 0, 0, 1500),
+        final_audio_ctx=_integer(options, "final_audio_ctx", 768, 64, 1500),
+        language=language,
+        model_file=model_file,
+    )
+
+
+def encoder_positions(config: RollingConfig, *, final: bool, n_audio_ctx: int = 1500) -> int:
+    """The ``audio_ctx`` of a decode: never shorter than the window it must hold."""
+    window = -(-math.ceil(config.window_seconds * 50) // 64) * 64  # 20 ms per position
+    wanted = config.final_audio_ctx if final else (config.audio_ctx or window)
+    return min(max(wanted, window), n_audio_ctx)
+
+
+def commit_samples(config: RollingConfig, *, n_audio_ctx: int = 1500) -> int:
+    """The most audio one commit decodes: all that is buffered, up to what the commit's
+    encoder holds (less 0.5 s of margin), never less than the window.
+
+    A commit's encoder length is fixed (``final_audio_ctx``: about 15 s by default), so its
+    cost hardly depends on how much of that span holds audio. A stream that fell behind
+    therefore catches up in one commit of all its backlog, instead of one per window, each
+    of them stale by the time its partial would be sent.
+    """
+    positions = encoder_positions(config, final=True, n_audio_ctx=n_audio_ctx)
+    return max(config.window_samples, positions * SAMPLE_RATE // 50 - SAMPLE_RATE // 2)

@@ -1,0 +1,261 @@
+"""The rolling window of one live stream: when to decode, what to commit, and where to cut.
+
+See the package docstring (:mod:`talkies.engines.whisper`) for the policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from ...protocol import EngineFinal, EnginePartial
+from ...protocol.events import SAMPLE_RATE, Word
+from ..base import EngineUpdate
+from .config import MIN_DECODE_SAMPLES, RollingConfig, commit_samples
+
+__all__ = [
+    "DecodeRequest",
+    "Decoded",
+    "DecodedWord",
+    "Decoder",
+    "WhisperRecognition",
+    "choose_cut",
+    "drop_repeated_start",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedWord:
+    """A word of one decode; times in seconds from the start of the audio decoded."""
+
+    text: str
+    start: float
+    end: float
+    probability: float = 1.0
+
+    def shifted(self, seconds: float) -> DecodedWord:
+        return replace(self, start=self.start + seconds, end=self.end + seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    words: tuple[DecodedWord, ...]
+    language: str | None = None  # what whisper.cpp used (detected when asked for "auto")
+
+    @property
+    def text(self) -> str:
+        return " ".join(w.text for w in self.words)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRequest:
+    language: str  # a whisper language code, or "auto"
+    timestamps: bool  # token-level timestamps (word times)
+    final: bool  # words that will be committed or final: one decode, the longer encoder
+
+
+class Decoder(Protocol):
+    """What a rolling stream needs from a model (a fake one in tests)."""
+
+    def decode(self, audio: npt.NDArray[np.float32], request: DecodeRequest) -> Decoded: ...
+
+
+# -- the policy -------------------------------------------------------------------------------
+
+
+def choose_cut(words: Sequence[DecodedWord], window: float, keep: float) -> tuple[float, int]:
+    """Where to cut a full window: (seconds from its start, number of words committed).
+
+    Commits the longest run of leading words that end by ``window - keep``; cuts halfway into
+    the pause after the last of them (never past the next word's start or ``window - keep``).
+    See the module docstring for the fallbacks.
+    """
+    limit = window - keep
+    count = 0
+    for word in words:
+        if word.end > limit:
+            break
+        count += 1
+    if count == 0:
+        return (window - keep, 0) if not words else (window, len(words))
+    cut = words[count - 1].end
+    if count < len(words):
+        following = min(words[count].start, limit)
+        if following > cut:
+            cut = (cut + following) / 2
+    else:
+        cut = max(cut, limit)  # nothing after them: drop the silence up to the kept tail
+    return cut, count
+
+
+def _norm(word: DecodedWord) -> str:
+    return "".join(c for c in word.text.casefold() if c.isalnum() or c == "'")
+
+
+def drop_repeated_start(
+    committed: Sequence[DecodedWord], words: tuple[DecodedWord, ...], most: int = 4
+) -> tuple[DecodedWord, ...]:
+    """``words`` without leading words that repeat the end of ``committed``.
+
+    The cut falls in the pause Whisper's timestamps place after the last committed word;
+    those timestamps are approximate, so the next window may begin with the tail of that
+    word (a fricative is enough) and Whisper hears the word again. Up to ``most`` words that
+    equal, ignoring case and punctuation, the last committed ones are dropped. The price: a
+    genuine repetition exactly at a cut ("very very") loses one copy.
+    """
+    if not committed or not words:
+        return words
+    tail = [_norm(w) for w in committed[-most:]]
+    head = [_norm(w) for w in words[:most]]
+    for k in range(min(len(tail), len(head)), 0, -1):
+        if tail[-k:] == head[:k] and all(head[:k]):
+            return words[k:]
+    return words
+
+
+@dataclass(slots=True)
+class _Hypothesis:
+    """The latest decode of the current window, in stream time."""
+
+    words: tuple[DecodedWord, ...] = ()
+    covers: int = 0  # samples of the window it decoded
+    final: bool = False  # a final-quality decode (longer encoder, word times)
+
+
+@dataclass(slots=True)
+class WhisperRecognition:
+    """One rolling stream; see the package docstring for the policy."""
+
+    decoder: Decoder
+    config: RollingConfig
+    language: str
+    word_timestamps: bool = False
+    interim_results: bool = True
+    n_audio_ctx: int = 1500  # the model's encoder length (bounds a commit's span)
+    _audio: npt.NDArray[np.float32] = field(default_factory=lambda: np.zeros(0, np.float32))
+    _carry: bytes = b""
+    _offset: int = 0  # samples committed and dropped before the window
+    _heard: int = 0  # samples accepted since the stream began
+    _due: int = 0  # the next refresh's grid point in _heard samples (0: one period)
+    _undecoded: int = 0  # samples of the window the last decode did not cover
+    _committed: list[DecodedWord] = field(default_factory=list)
+    _tail: _Hypothesis = field(default_factory=_Hypothesis)
+    _locked_language: str | None = None
+
+    # -- Recognition -----------------------------------------------------------------------
+
+    def accept(self, pcm: bytes) -> Sequence[EngineUpdate]:
+        samples = self._samples(pcm)
+        if samples.size == 0:
+            return []
+        self._audio = np.concatenate([self._audio, samples])
+        self._heard += samples.size
+        self._undecoded += samples.size
+        period = self.config.refresh_samples
+        decoded = False
+        while self._audio.size > self.config.window_samples:
+            self._commit()  # covers the whole backlog (up to its span): the newest audio
+            decoded = True
+        if self.interim_results and self._undecoded and self._heard >= (self._due or period):
+            self._refresh()
+            decoded = True
+        if not decoded:
+            return []
+        # Refreshes keep to a grid of refresh periods in stream time, not "a period after the
+        # last decode": each hypothesis decode takes the earliest grid point not yet taken, so
+        # one point missed behind a long decode (a commit) is made up by the next round, but
+        # never more than one: a backlog is one decode, not one per period it covers.
+        self._due = max((self._due or period) + period, self._heard // period * period)
+        if not self.interim_results:
+            return []
+        return [
+            EnginePartial(text=self._text(self._tail.words), words=self._words(self._tail.words))
+        ]
+
+    def finish(self) -> EngineFinal:
+        tail = self._tail.words
+        if self._audio.size >= MIN_DECODE_SAMPLES and not (
+            self._tail.final and self._tail.covers == self._audio.size
+        ):
+            tail = self._decode(self._audio, timestamps=self.word_timestamps, final=True)
+        elif self._audio.size < MIN_DECODE_SAMPLES:
+            tail = ()
+        return EngineFinal(text=self._text(tail), words=self._words(tail))
+
+    def close(self) -> None:
+        self._audio = np.zeros(0, np.float32)
+
+    # -- introspection (tests, benchmarks) --------------------------------------------------
+
+    @property
+    def buffered_seconds(self) -> float:
+        return self._audio.size / SAMPLE_RATE
+
+    @property
+    def committed_text(self) -> str:
+        return " ".join(w.text for w in self._committed)
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _samples(self, pcm: bytes) -> npt.NDArray[np.float32]:
+        data = self._carry + pcm
+        usable = len(data) - len(data) % 2
+        self._carry = data[usable:]
+        return np.frombuffer(data[:usable], dtype="<i2").astype(np.float32) / 32768.0
+
+    def _language(self) -> str:
+        return self._locked_language or self.language
+
+    def _decode(
+        self, audio: npt.NDArray[np.float32], *, timestamps: bool, final: bool
+    ) -> tuple[DecodedWord, ...]:
+        request = DecodeRequest(language=self._language(), timestamps=timestamps, final=final)
+        decoded = self.decoder.decode(audio, request)
+        if (
+            self.language == "auto"
+            and self._locked_language is None
+            and decoded.language not in (None, "auto")
+            and (audio.size >= 3 * SAMPLE_RATE or self._offset > 0)
+        ):
+            # Detection on a few seconds is reliable enough; per-window detection is not.
+            self._locked_language = decoded.language
+        seconds = self._offset / SAMPLE_RATE
+        words = tuple(w.shifted(seconds) for w in decoded.words)
+        return drop_repeated_start(self._committed, words)
+
+    def _commit(self) -> None:
+        span = commit_samples(self.config, n_audio_ctx=self.n_audio_ctx)
+        window = self._audio[:span]
+        start = self._offset / SAMPLE_RATE
+        words = self._decode(window, timestamps=True, final=True)
+        relative = [w.shifted(-start) for w in words]
+        cut_seconds, count = choose_cut(
+            relative, window.size / SAMPLE_RATE, self.config.keep_seconds
+        )
+        cut = min(window.size, max(1, round(cut_seconds * SAMPLE_RATE)))
+        self._committed.extend(words[:count])
+        self._audio = self._audio[cut:]
+        self._offset += cut
+        remaining = window.size - cut  # of the decoded window, still buffered
+        self._tail = _Hypothesis(words=words[count:], covers=remaining, final=True)
+        self._undecoded = self._audio.size - remaining
+
+    def _refresh(self) -> None:
+        words = self._decode(self._audio, timestamps=self.word_timestamps, final=False)
+        self._tail = _Hypothesis(words=words, covers=self._audio.size)
+        self._undecoded = 0
+
+    def _text(self, tail: Sequence[DecodedWord]) -> str:
+        return " ".join(w.text for w in (*self._committed, *tail))
+
+    def _words(self, tail: Sequence[DecodedWord]) -> tuple[Word, ...]:
+        if not self.word_timestamps:
+            return ()
+        return tuple(
+            Word(word=w.text, start=w.start, end=w.end, confidence=w.probability)
+            for w in (*self._committed, *tail)
+        )
