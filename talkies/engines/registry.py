@@ -25,6 +25,7 @@ __all__ = [
     "EXECUTORS",
     "SHERPA_FACTORIES",
     "STREAMING_EXECUTORS",
+    "TTS_EXECUTORS",
     "ModelEntry",
     "RegistryError",
     "is_https_url",
@@ -36,7 +37,9 @@ STREAMING_EXECUTORS = frozenset({"parakeet_cpp", "sherpa", "vosk", "whisper"})
 OFFLINE_EXECUTORS = frozenset(
     {"parakeet", "canary_multitask", "canary_salm", "sherpa_offline_ctc", "wav2vec2_phoneme"}
 )
-EXECUTORS = STREAMING_EXECUTORS | OFFLINE_EXECUTORS
+# Text to speech (POST /v1/audio/speech); a start naming one gets streaming_not_supported.
+TTS_EXECUTORS = frozenset({"qwen3_tts", "kokoro"})
+EXECUTORS = STREAMING_EXECUTORS | OFFLINE_EXECUTORS | TTS_EXECUTORS
 SHERPA_FACTORIES = frozenset(
     {"from_transducer", "from_paraformer", "from_wenet_ctc", "from_zipformer2_ctc"}
 )
@@ -80,6 +83,10 @@ class ModelEntry:
     @property
     def streaming(self) -> bool:
         return self.executor in STREAMING_EXECUTORS
+
+    @property
+    def tts(self) -> bool:
+        return self.executor in TTS_EXECUTORS
 
     @property
     def pin(self) -> str | None:
