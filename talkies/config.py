@@ -367,6 +367,8 @@ _VARS: tuple[_Var, ...] = (
     # 0 keeps idle models loaded; otherwise an unpinned model unused this long is unloaded.
     _duration_var("TALKIES_MODEL_TTL", "model_ttl", 0.0, 7 * 86_400.0),
     _int_var("TALKIES_QWEN3_STREAM_CHUNK_SIZE", "qwen3_stream_chunk_size", 1, 256),
+    # HTTP request bodies (uploads, staged files, MCP): refused with 413 past this size.
+    _int_var("TALKIES_MAX_UPLOAD_BYTES", "max_upload_bytes", 1, 16 * 1024**3),
     _Var("TALKIES_HOST", "host", _text, _check_host),
     _int_var("TALKIES_PORT", "port", 0, 65535),
 )
@@ -461,6 +463,7 @@ class Settings:
     )
     model_ttl: float = 0.0
     qwen3_stream_chunk_size: int = 8
+    max_upload_bytes: int = 100 * 1024 * 1024
     host: str = "127.0.0.1"
     port: int = 8000
 

@@ -101,3 +101,7 @@ def server() -> Iterator[RunningServer]:
 @pytest.fixture
 def server_factory() -> Callable[..., Any]:
     return run_server
+
+
+# The two HTTP hosts (talkies' own server, uvicorn) for the shared tests/test_http_*.py.
+from .http_hosts import host, http_data  # noqa: E402, F401

@@ -134,6 +134,7 @@ INT_VARS = [
     ("TALKIES_STREAM_MAX_FRAME_BYTES", "stream_max_frame_bytes", 2, 16_777_216),
     ("TALKIES_MODEL_MAX_CONCURRENCY", "model_max_concurrency", 1, 1024),
     ("TALKIES_QWEN3_STREAM_CHUNK_SIZE", "qwen3_stream_chunk_size", 1, 256),
+    ("TALKIES_MAX_UPLOAD_BYTES", "max_upload_bytes", 1, 16 * 1024**3),
     ("TALKIES_PORT", "port", 0, 65535),
 ]
 
@@ -595,6 +596,7 @@ _ALL_NAMES = [
     "TALKIES_MODEL_MAX_CONCURRENCY",
     "TALKIES_MODEL_CONCURRENCY",
     "TALKIES_QWEN3_STREAM_CHUNK_SIZE",
+    "TALKIES_MAX_UPLOAD_BYTES",
     "TALKIES_HOST",
     "TALKIES_PORT",
 ]

@@ -263,6 +263,8 @@ def test_builtin_revisions_are_pinned() -> None:
         "vosk-small-en-us-0.15",
         "whisper-base-en",
         "nemotron-3.5-asr-0.6b",
+        "qwen3-tts-0.6b",
+        "kokoro-82m",
     } <= set(registry)
     for slug, entry in registry.items():
         assert entry.problems() == [], slug
@@ -276,8 +278,9 @@ def test_builtin_revisions_are_pinned() -> None:
             assert entry.sha256 and hex64.fullmatch(entry.sha256), slug
         elif entry.wheels is not None:  # files from PyPI wheels, each hashed
             assert all(hex64.fullmatch(f.sha256) for f in entry.wheels), slug
-        else:  # parakeet.cpp publishes nothing pinnable: a local folder, by design
-            assert slug == "nemotron-3.5-asr-0.6b" and entry.path is not None
+        else:  # no pinnable revision could be looked up: a local folder, said so
+            assert slug in ("nemotron-3.5-asr-0.6b", "qwen3-tts-0.6b"), slug
+            assert entry.path is not None and str(entry.path) in entry.description, slug
             continue
         assert entry.pin is not None, slug
         assert entry.description, slug

@@ -180,7 +180,10 @@ def test_uvicorn_factory_serves_the_configured_registry(tmp_path: Path) -> None:
                 time.sleep(0.1)
         row = {m["id"]: m for m in models}[DEFAULT_MODEL]
         assert row["downloaded"] is True and row["streaming"] is True
-        ws = open_stream(_url(f"127.0.0.1:{port}"), model=DEFAULT_MODEL)
+        ws = ws_connect(_url(f"127.0.0.1:{port}"))
+        ws.send(json.dumps({**START, "model": DEFAULT_MODEL}))
+        # The first stream loads the model (after its check in a child process).
+        assert json.loads(ws.recv(timeout=120))["type"] == "ready"
         pcm = (POCKETSPHINX_DATA / "goforward.raw").read_bytes()
         for i in range(0, len(pcm), 3200):
             ws.send(pcm[i : i + 3200])

@@ -37,7 +37,7 @@ def test_routes(server: RunningServer, method: str, path: str, status: int) -> N
     if status == 426:
         assert r.headers["upgrade"] == "websocket"
     if status == 405:
-        assert r.headers["allow"] == "GET"
+        assert r.headers["allow"] == "GET, HEAD"
 
 
 def test_auth_on_http_routes() -> None:

@@ -19,14 +19,16 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field, replace
+from importlib import metadata
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.from_thread
@@ -34,19 +36,30 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from ..config import Settings
+from ..metrics import MODEL_LOAD_SECONDS
 from ..protocol import ErrorCode
 from ..protocol.messages import StartOptions
-from .base import EngineEvent, EngineStream, EngineUnavailable, LoadedModel, Refusal
+from .base import (
+    EngineEvent,
+    EngineStream,
+    EngineUnavailable,
+    LoadedModel,
+    RecognitionModel,
+    Refusal,
+)
 from .download import DownloadError, ensure_snapshot, is_downloaded, source_of
 from .registry import ModelEntry, RegistryError
 from .slots import Slot, Slots
+from .tts.base import SpeechModel
 from .validate import load_model, validate_in_child
 
-__all__ = ["ModelConflict", "ModelPool"]
+__all__ = ["AnyModel", "ModelConflict", "ModelPool"]
 
 log = logging.getLogger("talkies.engines")
 
 Loader = Callable[[ModelEntry, Path, str], LoadedModel]
+# What the pool holds: a recognition model (streams, files) or a speech model (TTS).
+AnyModel = LoadedModel | SpeechModel
 Registry = Callable[[], Mapping[str, ModelEntry]]
 
 
@@ -67,7 +80,7 @@ class _State:
     entry: ModelEntry
     slots: Slots
     streams: int = 0
-    loaded: LoadedModel | None = None
+    loaded: AnyModel | None = None
     loading: _Loading | None = None
     last_used: float = 0.0
     checked: bool = False  # passed the child-process load check
@@ -153,6 +166,28 @@ class ModelPool:
 
     def in_use(self, slug: str) -> int:
         return self._states[slug].in_use
+
+    def servable(self) -> bool:
+        """Whether some streaming model could be served now: its files are in place (or
+        come from installed wheels) and it is not at its slot limit."""
+        data_dir = self.settings.data_dir
+        for state in self._states.values():
+            entry = state.entry
+            if not entry.streaming or state.in_use >= state.slots.limit:
+                continue
+            if self._pinned not in (None, entry.slug):
+                continue
+            if is_downloaded(entry, data_dir) or _wheels_installed(entry):
+                return True
+        return False
+
+    def slugs(self) -> list[str]:
+        return list(self._states)
+
+    def peek(self, slug: str) -> AnyModel | None:
+        """The model if it is loaded now (no slot taken, nothing loaded)."""
+        state = self._states.get(slug)
+        return state.loaded if state is not None else None
 
     def loaded(self) -> list[str]:
         return [slug for slug, s in self._states.items() if s.loaded is not None]
@@ -268,7 +303,8 @@ class ModelPool:
             slot.release()
 
         try:
-            model = await self._ensure_loaded(state, evict_others=True)
+            # A streaming entry's executor loads a recognition model, never a speech model.
+            model = cast(LoadedModel, await self._ensure_loaded(state, evict_others=True))
             inner = await model.open_stream(options, max_buffered_bytes=self._max_buffered)
         except BaseException:
             release()
@@ -277,7 +313,7 @@ class ModelPool:
 
     # -- HTTP requests (OpenAI-shaped ASR/TTS) share the same slots --------------------------
 
-    async def acquire(self, slug: str) -> tuple[LoadedModel, Callable[[], None]]:
+    async def acquire(self, slug: str) -> tuple[AnyModel, Callable[[], None]]:
         """A slot on ``slug`` for one HTTP request; call the returned function to release it.
 
         Raises :class:`ModelConflict` when another model is pinned, and :class:`Refusal` for
@@ -305,7 +341,7 @@ class ModelPool:
 
     # -- loading and unloading ---------------------------------------------------------------
 
-    async def _ensure_loaded(self, state: _State, *, evict_others: bool) -> LoadedModel:
+    async def _ensure_loaded(self, state: _State, *, evict_others: bool) -> AnyModel:
         while state.loaded is None:
             loading = state.loading
             if loading is None:
@@ -334,7 +370,7 @@ class ModelPool:
             options = {**entry.options, "window_seconds": self.settings.stream_max_buffer_seconds}
             entry = replace(entry, options=MappingProxyType(options))
 
-        def finish(model: LoadedModel | None, error: EngineUnavailable | None) -> None:
+        def finish(model: AnyModel | None, error: EngineUnavailable | None) -> None:
             # On the event loop.
             state.loading = None
             if model is not None:
@@ -347,7 +383,7 @@ class ModelPool:
             loading.done.set()
 
         def work() -> None:
-            model: LoadedModel | None = None
+            model: AnyModel | None = None
             error: EngineUnavailable | None = None
             try:
                 model = self._load(entry, check=self._validate and not state.checked)
@@ -364,7 +400,7 @@ class ModelPool:
 
         threading.Thread(target=work, name=f"talkies-load-{entry.slug}", daemon=True).start()
 
-    def _load(self, entry: ModelEntry, *, check: bool) -> LoadedModel:
+    def _load(self, entry: ModelEntry, *, check: bool) -> AnyModel:
         """Fetch, check and load one model (blocking; runs in the load thread). Whatever
         fails is logged here, once, and reaches every waiting client as a 4500 detail."""
         try:
@@ -380,7 +416,7 @@ class ModelPool:
             )
             raise
 
-    def _fetch_check_load(self, entry: ModelEntry, *, check: bool) -> LoadedModel:
+    def _fetch_check_load(self, entry: ModelEntry, *, check: bool) -> AnyModel:
         device = self.settings.device
         if entry.executor == "parakeet_cpp":
             from .parakeet import require_runtime
@@ -392,22 +428,33 @@ class ModelPool:
             )
         except DownloadError as exc:
             raise EngineUnavailable(str(exc)) from exc
+        began = time.monotonic()
+        if entry.tts:  # pure Python / onnxruntime: a bad model raises, it cannot end us
+            from .tts.loader import load_speech_model
+
+            speech = load_speech_model(entry, root, device, self.settings.data_dir)
+            self._loaded_in(entry, time.monotonic() - began)
+            return speech
         if check:
             validate_in_child(entry, root, device)
-        began = time.monotonic()
+            began = time.monotonic()
         try:
             model = self._loader(entry, root, device)
         except EngineUnavailable:
             raise
         except Exception as exc:
             raise EngineUnavailable(f"model {entry.slug!r} could not be loaded: {exc}") from exc
-        log.info(
-            "model loaded",
-            extra={"model": entry.slug, "seconds": round(time.monotonic() - began, 3)},
-        )
+        if isinstance(model, RecognitionModel):
+            model.rounds.label = entry.slug  # the model label of its decode-round times
+        self._loaded_in(entry, time.monotonic() - began)
         return model
 
-    def _close_later(self, model: LoadedModel) -> None:
+    @staticmethod
+    def _loaded_in(entry: ModelEntry, seconds: float) -> None:
+        log.info("model loaded", extra={"model": entry.slug, "seconds": round(seconds, 3)})
+        MODEL_LOAD_SECONDS.labels(model=entry.slug).observe(seconds)
+
+    def _close_later(self, model: AnyModel) -> None:
         threading.Thread(target=model.close, name="talkies-unload", daemon=True).start()
 
     async def _unload(self, state: _State) -> None:
@@ -492,3 +539,19 @@ def _registry_stamp(settings: Settings) -> tuple[tuple[int, int] | None, ...]:
             st = None
         stamps.append((st.st_mtime_ns, st.st_size) if st is not None else None)
     return tuple(stamps)
+
+
+@functools.cache
+def _installed(distribution: str) -> bool:
+    try:
+        metadata.distribution(distribution)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def _wheels_installed(entry: ModelEntry) -> bool:
+    """A wheels entry whose distributions are installed can be prepared offline."""
+    if entry.wheels is None:
+        return False
+    return all(_installed(dist) for f in entry.wheels for dist, _ in f.parts)

@@ -23,18 +23,20 @@ server.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
+from contextlib import suppress
 from typing import Any
 
 import anyio
 
+from ..app import STREAM_PATH, TalkiesApp, websocket_admission
+from ..app.http import Body, ClientGone, HttpError, Request, Response, error_response
 from ..config import Settings
 from ..engines.base import StreamProvider
 from ..engines.pool import ModelPool
-from ..engines.slots import Slot, Slots
+from ..engines.slots import Slot
 from ..protocol import (
     AuthRejected,
     BinaryReceived,
@@ -46,9 +48,8 @@ from ..protocol import (
     TextReceived,
 )
 from .driver import ClientMessage, StreamDriver
-from .http import bearer_ok, error_body
-from .routes import is_models_path, models_route
-from .server import STREAM_PATH, session_limits
+from .http import HttpLimits
+from .server import session_limits
 
 __all__ = ["TalkiesASGI", "create_app"]
 
@@ -56,8 +57,6 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-
-_STREAM_PATH = STREAM_PATH.decode()
 
 
 class _AsgiChannel:
@@ -113,17 +112,22 @@ class TalkiesASGI:
         provider: StreamProvider,
         *,
         close_timeout: float = 5.0,
+        http: HttpLimits | None = None,
     ) -> None:
         self.settings = settings
         self.provider = provider
+        self.app = TalkiesApp(settings, provider)
         self._limits = session_limits(settings)
         self._close_timeout = close_timeout
-        self._slots = Slots(settings.stream_max_connections)
+        # The standalone server's head and body limits, held here too: hosts bound only an
+        # incomplete head (uvicorn served 10,000 headers that arrived in one read) and no host
+        # times out a body that stops coming (a stalled upload held its temp file forever).
+        self._http_limits = http if http is not None else HttpLimits()
 
     @property
     def active_streams(self) -> int:
         """WebSocket streams holding a server-wide slot right now."""
-        return self._slots.held
+        return self.app.stream_slots.held
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -135,62 +139,148 @@ class TalkiesASGI:
             await self._lifespan(receive, send)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
-        """Run the pool's idle-model sweeper while the host runs; unload models at the end."""
-        pool = self.provider if isinstance(self.provider, ModelPool) else None
-        async with anyio.create_task_group() as tg:
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    if pool is not None:
-                        tg.start_soon(pool.run_sweeper)
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    tg.cancel_scope.cancel()
-                    if pool is not None:
-                        await pool.aclose()
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+        """The app's lifespan (the idle-model sweeper; models unloaded at the end) for as
+        long as the host runs."""
+        message = await receive()
+        if message["type"] != "lifespan.startup":
+            return
+        async with self.app.lifespan():
+            await send({"type": "lifespan.startup.complete"})
+            while (await receive())["type"] != "lifespan.shutdown":
+                pass
+        await send({"type": "lifespan.shutdown.complete"})
 
-    def _authorized(self, scope: Scope) -> bool:
-        return bearer_ok(scope.get("headers", []), self.settings.auth_token)
+    # -- HTTP: translation to and from the application layer ------------------------------
+
+    def _request(self, scope: Scope, receive: Receive) -> Request:
+        headers = [(bytes(k).lower(), bytes(v)) for k, v in scope.get("headers", [])]
+        raw_path = scope.get("raw_path") or scope["path"].encode("utf-8")
+        declared: int | None = None
+        has_body = False
+        for name, value in headers:
+            if name == b"content-length":
+                has_body = True
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = None
+            elif name == b"transfer-encoding":
+                has_body = True
+        if not has_body:
+            declared = 0
+        ended = False
+
+        async def receive_chunk() -> bytes:
+            nonlocal ended
+            while True:
+                if ended:
+                    return b""
+                try:
+                    with anyio.fail_after(self._http_limits.body_timeout):
+                        message = await receive()
+                except TimeoutError:
+                    raise HttpError(408, "the request body stalled") from None
+                if message["type"] == "http.disconnect":
+                    raise ClientGone()
+                chunk = bytes(message.get("body", b""))
+                if not message.get("more_body", False):
+                    ended = True
+                if chunk:
+                    return chunk
+
+        body = Body(receive_chunk, limit=self.settings.max_upload_bytes, declared=declared)
+        if declared == 0:
+            body.complete.set()
+        client = scope.get("client")
+        return Request(
+            method=scope["method"],
+            path=bytes(raw_path).decode("latin-1"),
+            query=bytes(scope.get("query_string", b"")).decode("latin-1"),
+            headers=headers,
+            body=body,
+            peer=f"{client[0]}:{client[1]}" if client else None,
+        )
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path, method = scope["path"], scope["method"]
-        headers = [(b"content-type", b"application/json")]
-        if path == "/healthz":
-            status, body = 200, {"status": "ok"}
-        elif not self._authorized(scope):
-            status, body = (
-                401,
-                error_body(401, "missing or invalid bearer token", "invalid_api_key"),
+        request = self._request(scope, receive)
+        headers, limits = request.headers, self._http_limits
+        size = len(request.method) + len(request.path) + len(request.query) + 12
+        size += sum(len(k) + len(v) + 4 for k, v in headers)
+        if len(headers) > limits.max_headers or size > limits.max_head_bytes:
+            why = "too many headers" if len(headers) > limits.max_headers else "too large"
+            response = error_response(
+                431, f"request head {why}", code="http_error", headers=[(b"connection", b"close")]
             )
-        elif path == _STREAM_PATH:
-            status = 405 if method != "GET" else 426
-            body = error_body(status, "this route needs a WebSocket upgrade", "upgrade_required")
-        elif is_models_path(path):
-            status, body, extra = await models_route(self.provider, method, path)
-            headers += extra
-        else:
-            status, body = 404, error_body(404, "not found", "not_found")
-        payload = json.dumps(body, separators=(",", ":")).encode()
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": payload})
+            await self._send_response(send, request, response)
+            return
+
+        async def watch(cancel: anyio.CancelScope) -> None:
+            # Once the body is in, the next message can only be the client leaving.
+            await request.body.complete.wait()
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            cancel.cancel()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch, tg.cancel_scope)
+            try:
+                response = await self.app.handle(request)
+                await self._send_response(send, request, response)
+            except ClientGone:
+                pass
+            tg.cancel_scope.cancel()
+
+    @staticmethod
+    async def _send_response(send: Send, request: Request, response: Response) -> None:
+        headers = list(response.headers)
+        body = response.body
+        if isinstance(body, bytes) and not any(k == b"content-length" for k, _ in headers):
+            headers.append((b"content-length", str(len(body)).encode()))
+        head_only = request.method == "HEAD"
+        try:
+            await send(
+                {"type": "http.response.start", "status": response.status, "headers": headers}
+            )
+            if isinstance(body, bytes):
+                await send({"type": "http.response.body", "body": b"" if head_only else body})
+                return
+            if not head_only:
+                async for chunk in body:
+                    if chunk:
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        except OSError:
+            return  # the client is gone (hosts raise a ClientDisconnected, an OSError)
+        finally:
+            if not isinstance(body, bytes):
+                closer = getattr(body, "aclose", None)
+                if closer is not None:
+                    with anyio.CancelScope(shield=True), suppress(Exception):
+                        await closer()
+
+    # -- WebSocket ---------------------------------------------------------------------------
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         connect = await receive()
         if connect["type"] != "websocket.connect":
             return
-        if scope["path"] != _STREAM_PATH:
+        if scope["path"] != STREAM_PATH:
             await send({"type": "websocket.close", "code": 1008, "reason": "not found"})
             return
-        await send({"type": "websocket.accept"})
+        authorized, subprotocol = websocket_admission(
+            scope.get("headers", []), scope.get("subprotocols", []), self.settings.auth_token
+        )
+        accept: Message = {"type": "websocket.accept"}
+        if subprotocol is not None:
+            accept["subprotocol"] = subprotocol
+        await send(accept)
         channel = _AsgiChannel(receive, send)
         session = StreamSession(self._limits, now=time.monotonic())
         first: Input | None = None
         slot: Slot | None = None
-        if not self._authorized(scope):
+        if not authorized:
             first = AuthRejected()
-        elif (slot := await self._slots.acquire()) is None:
+        elif (slot := await self.app.stream_slots.acquire()) is None:
             first = Refused(
                 code=ErrorCode.CONNECTION_LIMIT,
                 detail=f"the server's limit of {self.settings.stream_max_connections} "
@@ -199,7 +289,13 @@ class TalkiesASGI:
         driver = StreamDriver(
             session, channel, self.provider, close_timeout=self._close_timeout, slot=slot
         )
-        await driver.run(first)
+        started = time.monotonic()
+        client = scope.get("client")
+        try:
+            await driver.run(first)
+        finally:
+            peer = f"{client[0]}:{client[1]}" if client else None
+            self.app.stream_closed(session, peer=peer, seconds=time.monotonic() - started)
 
 
 def create_app(

@@ -25,13 +25,16 @@ import anyio.abc
 
 from ..engines.base import EngineStream, EngineUnavailable, Refusal, StreamProvider
 from ..engines.slots import Slot
+from ..metrics import EVENT_LATENCY_SECONDS
 from ..protocol import (
     Action,
     AudioBatch,
     BinaryReceived,
     Close,
+    EngineEndpoint,
     EngineFailed,
     EngineOpened,
+    EnginePartial,
     Feed,
     Flush,
     Input,
@@ -103,6 +106,7 @@ class StreamDriver:
         self._opening = False  # _open is running (it may hold a model slot)
         self._opened = anyio.Event()
         self._open_scope: anyio.CancelScope | None = None
+        self._fed_at = 0.0  # when audio last went to the engine (the event-latency metric)
         self._released = False
         self._peer_gone = False
         self._deadline_changed = anyio.Event()
@@ -172,6 +176,7 @@ class StreamDriver:
 
     async def _feed(self, audio: list[bytes]) -> None:
         if self._stream is not None:
+            self._fed_at = _clock()
             await self._stream.feed(audio[0] if len(audio) == 1 else b"".join(audio))
 
     async def _timer_loop(self) -> None:
@@ -197,6 +202,8 @@ class StreamDriver:
             async for event in stream.events():
                 if self._released:
                     break
+                if isinstance(event, EnginePartial | EngineEndpoint) and self._fed_at:
+                    EVENT_LATENCY_SECONDS.observe(_clock() - self._fed_at)
                 await self._handle(event)
         except Exception:
             log.exception("engine stream failed")
@@ -220,7 +227,8 @@ class StreamDriver:
             # Outside the scope: handling the outcome may Release, which cancels that scope.
             self._open_scope = None
             if self._released and not isinstance(outcome, Refused | EngineFailed | None):
-                await outcome.aclose()  # the client left just as the stream opened
+                with anyio.CancelScope(shield=True):  # its slot must be given back
+                    await outcome.aclose()  # the client left just as the stream opened
                 return
         finally:
             self._opening = False
@@ -253,6 +261,7 @@ class StreamDriver:
         for action in actions:
             if isinstance(action, Feed):
                 if self._stream is not None:
+                    self._fed_at = _clock()
                     await self._stream.feed(action.pcm)
             elif isinstance(action, Send):
                 await self._channel.send_text(action.event.to_json())

@@ -1,33 +1,18 @@
-"""HTTP/1.1 over h11: reading request heads within limits, JSON responses, the upgrade check."""
+"""HTTP/1.1 over h11: limits on what a client may make the server hold, reading events, and
+the WebSocket upgrade check (RFC 6455)."""
 
 from __future__ import annotations
 
 import base64
 import binascii
-import hmac
-import json
-from collections.abc import Iterable
 from dataclasses import dataclass
-from http import HTTPStatus
-from typing import Any
 
 import anyio
 import anyio.abc
 import h11
 from wsproto.utilities import generate_accept_token
 
-__all__ = [
-    "HttpLimits",
-    "Upgrade",
-    "authorized",
-    "bearer_ok",
-    "error_body",
-    "header",
-    "read_event",
-    "reason",
-    "send_json",
-    "upgrade_problem",
-]
+__all__ = ["HttpLimits", "Upgrade", "header", "read_event", "upgrade_problem"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -38,6 +23,7 @@ class HttpLimits:
     max_headers: int = 100
     head_timeout: float = 10.0  # from the first byte of a request to its last header
     keepalive_timeout: float = 60.0  # an idle keep-alive connection is closed after this
+    body_timeout: float = 60.0  # a request body that sends nothing for this long is cut off
     read_size: int = 262144
 
 
@@ -49,23 +35,6 @@ def header(request: h11.Request, name: bytes) -> bytes | None:
 
 def _tokens(value: bytes | None) -> set[bytes]:
     return {t.strip().lower() for t in value.split(b",")} if value else set()
-
-
-def bearer_ok(headers: Iterable[tuple[bytes, bytes]], token: str | None) -> bool:
-    """``Authorization: Bearer <token>``, compared in constant time. Never the query string."""
-    if token is None:
-        return True
-    for name, value in headers:
-        if name.lower() == b"authorization":
-            scheme, _, credentials = bytes(value).partition(b" ")
-            if scheme.lower() == b"bearer":
-                return hmac.compare_digest(credentials.strip(), token.encode("utf-8"))
-            return False
-    return False
-
-
-def authorized(request: h11.Request, token: str | None) -> bool:
-    return bearer_ok(request.headers, token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,42 +83,3 @@ async def read_event(
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             data = b""
         conn.receive_data(data)
-
-
-async def send_json(
-    conn: h11.Connection,
-    stream: anyio.abc.ByteStream,
-    status: int,
-    body: dict[str, Any],
-    headers: list[tuple[bytes, bytes]] | None = None,
-    *,
-    close: bool = False,
-    head: bool = False,
-) -> None:
-    payload = json.dumps(body, separators=(",", ":")).encode("utf-8")
-    all_headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(payload)).encode()),
-        *(headers or []),
-    ]
-    if close:
-        all_headers.append((b"connection", b"close"))
-    data = conn.send(h11.Response(status_code=status, headers=all_headers, reason=reason(status)))
-    if not head:  # a HEAD response carries the headers of the GET, and no body
-        data += conn.send(h11.Data(data=payload))
-    data += conn.send(h11.EndOfMessage())
-    await stream.send(data)
-
-
-def reason(status: int) -> bytes:
-    """The status line's reason phrase (``200 OK``); h11 sends none unless given one."""
-    try:
-        return HTTPStatus(status).phrase.encode("ascii")
-    except ValueError:
-        return b""
-
-
-def error_body(status: int, message: str, code: str) -> dict[str, Any]:
-    """OpenAI-shaped error object, the shape the HTTP API's clients already parse."""
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return {"error": {"message": message, "type": kind, "code": code}}

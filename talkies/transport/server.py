@@ -12,37 +12,32 @@ import logging
 import socket
 import ssl
 import time
+from collections.abc import Callable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.abc
 import h11
+from anyio.streams.stapled import MultiListener
 from anyio.streams.tls import TLSListener
 
+from ..app import STREAM_PATH, TalkiesApp, bearer_ok, websocket_admission
+from ..app.http import error_response, reason_phrase
 from ..config import Settings
 from ..engines.base import NoModels, StreamProvider
-from ..engines.slots import Slot, Slots
+from ..engines.slots import Slot
 from ..protocol import AuthRejected, ErrorCode, Input, Refused, SessionLimits, StreamSession
 from .driver import StreamDriver
-from .http import (
-    HttpLimits,
-    Upgrade,
-    authorized,
-    error_body,
-    read_event,
-    reason,
-    send_json,
-    upgrade_problem,
-)
-from .routes import is_models_path, models_route
+from .h11app import build_request, exchange, send_response
+from .http import HttpLimits, Upgrade, header, read_event, upgrade_problem
 from .ws import WsprotoChannel
 
 __all__ = ["STREAM_PATH", "ListenError", "Server", "ServerOptions", "session_limits"]
 
 log = logging.getLogger("talkies.transport")
 
-STREAM_PATH = b"/v1/audio/transcriptions/stream"
 _READ_ERRORS = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 
 
@@ -57,6 +52,58 @@ def _listen_problem(host: str, port: int, exc: OSError) -> ListenError:
     else:  # in use, privileged, ...
         setting = "set TALKIES_PORT or --port"
     return ListenError(f"cannot listen on {host}:{port}: {reason.lower()} ({setting})")
+
+
+# accept() fails with these when the process (or system) is out of file descriptors or socket
+# memory; the connection waits in the kernel's backlog until one is freed.
+_ACCEPT_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_ACCEPT_RETRY_SECONDS = 0.1
+
+
+class _SteadyListener(anyio.abc.Listener[anyio.abc.SocketStream]):
+    """A TCP listener that outlives running out of file descriptors.
+
+    anyio's own serve loop lets an ``EMFILE`` from accept() escape, which ended the whole
+    server the moment a client flood (or a slow leak) reached the descriptor limit. Here
+    accept() waits and retries instead, so the server keeps serving the connections it has
+    and takes new ones as soon as descriptors are free (asyncio's create_server does the same).
+    """
+
+    def __init__(self, inner: anyio.abc.SocketListener) -> None:
+        self._inner = inner
+
+    async def accept(self) -> anyio.abc.SocketStream:
+        exhausted = False
+        while True:
+            try:
+                stream = await self._inner.accept()
+            except OSError as exc:
+                if exc.errno not in _ACCEPT_EXHAUSTED:
+                    raise
+                if not exhausted:  # once per episode: a flood must not flood the log too
+                    log.warning("cannot accept connections: %s; retrying", exc.strerror)
+                    exhausted = True
+                await anyio.sleep(_ACCEPT_RETRY_SECONDS)
+                continue
+            if exhausted:
+                log.info("accepting connections again")
+            return stream
+
+    async def serve(
+        self,
+        handler: Callable[[anyio.abc.SocketStream], Any],
+        task_group: anyio.abc.TaskGroup | None = None,
+    ) -> None:
+        assert task_group is not None  # Server.serve always passes its own
+        while True:
+            task_group.start_soon(handler, await self.accept())
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    @property
+    def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
+        return self._inner.extra_attributes
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -89,12 +136,10 @@ class Server:
     ) -> None:
         self.settings = settings
         self.provider: StreamProvider = provider if provider is not None else NoModels()
+        self.app = TalkiesApp(settings, self.provider)
         self.options = options if options is not None else ServerOptions()
         self._ssl_context = ssl_context
         self._limits = session_limits(settings)
-        # Server-wide stream slots (TALKIES_STREAM_MAX_CONNECTIONS); a driver gives its slot
-        # back before its close frame leaves, so a client reconnecting at once gets it.
-        self._slots = Slots(settings.stream_max_connections)
         self._drivers: set[StreamDriver] = set()  # live WebSocket connections (for shutdown)
         self.connections = 0  # open TCP connections, HTTP or WebSocket
         self._idle_http: set[anyio.CancelScope] = set()
@@ -108,7 +153,7 @@ class Server:
     @property
     def active_streams(self) -> int:
         """WebSocket streams holding a server-wide slot right now."""
-        return self._slots.held
+        return self.app.stream_slots.held
 
     async def serve(
         self, *, task_status: anyio.abc.TaskStatus[Server] = anyio.TASK_STATUS_IGNORED
@@ -120,15 +165,18 @@ class Server:
         except OSError as exc:
             raise _listen_problem(host, port, exc) from exc
         self.port = tcp.listeners[0].extra(anyio.abc.SocketAttribute.local_port)
-        listener: anyio.abc.Listener[Any] = tcp
+        # create_tcp_listener's listeners are SocketListeners (typed as plain Listeners).
+        inner = [cast(anyio.abc.SocketListener, each) for each in tcp.listeners]
+        steady = MultiListener([_SteadyListener(each) for each in inner])
+        listener: anyio.abc.Listener[Any] = steady
         if self._ssl_context is not None:
             # One port for both: the TLS layer is below HTTP, so wss:// and https:// share it.
-            listener = TLSListener(tcp, self._ssl_context, standard_compatible=False)
+            listener = TLSListener(steady, self._ssl_context, standard_compatible=False)
         log.info(
             "listening",
             extra={"host": self.settings.host, "port": self.port, "tls": bool(self._ssl_context)},
         )
-        async with anyio.create_task_group() as connections:
+        async with self.app.lifespan(), anyio.create_task_group() as connections:
             self._connections = connections
             with anyio.CancelScope() as accept:
                 self._accept_scope = accept
@@ -203,17 +251,17 @@ class Server:
     async def _reply_error(
         self, conn: h11.Connection, stream: anyio.abc.ByteStream, status: int, message: str
     ) -> None:
+        """A transport-level refusal (malformed or oversized head, too slow), then close."""
         if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
-        try:
-            body = error_body(status, message, "http_error")
-            await send_json(conn, stream, status, body, close=True)
-        except (h11.LocalProtocolError, *_READ_ERRORS):
-            pass
+        with suppress(h11.LocalProtocolError, TimeoutError, *_READ_ERRORS):
+            response = error_response(status, message, code="http_error")
+            await send_response(conn, stream, None, response, send_timeout=5.0, close=True)
 
     async def _serve_http(self, stream: anyio.abc.ByteStream) -> None:
         limits = self.options.http
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_head_bytes)
+        peer = _peer(stream)
         first = True
         while True:
             request = await self._next_request(conn, stream, first)
@@ -230,76 +278,45 @@ class Server:
             if size > limits.max_head_bytes:
                 await self._reply_error(conn, stream, 431, "request head too large")
                 return
-            upgraded = await self._route(conn, stream, request)
-            if upgraded:
-                return
-            # Keep the connection only if the request was read to its end.
-            if conn.their_state is not h11.DONE:
-                with anyio.move_on_after(limits.head_timeout):
-                    while conn.their_state is h11.SEND_BODY:
-                        if isinstance(
-                            await read_event(conn, stream, limits.read_size), h11.ConnectionClosed
-                        ):
-                            break
-            if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
-                return
-            conn.start_next_cycle()
-
-    async def _route(
-        self, conn: h11.Connection, stream: anyio.abc.ByteStream, request: h11.Request
-    ) -> bool:
-        """Answer one request; True if the connection became a WebSocket."""
-        path = request.target.split(b"?", 1)[0]
-        method = request.method
-        if path == b"/healthz":
-            if method not in (b"GET", b"HEAD"):
-                await self._method_not_allowed(conn, stream, b"GET, HEAD")
+            if _is_upgrade(request):
+                check = upgrade_problem(request)
+                if isinstance(check, Upgrade):
+                    await self._websocket(conn, stream, request, check)
+                    return
+                status, message, headers = check
+                response = error_response(status, message, code="upgrade_required", headers=headers)
+                if not bearer_ok(request.headers, self.settings.auth_token):
+                    response = error_response(
+                        401,
+                        "missing or invalid bearer token",
+                        code="invalid_api_key",
+                        headers=[(b"www-authenticate", b"Bearer")],
+                    )
+                await send_response(
+                    conn, stream, None, response, send_timeout=self.settings.stream_idle_timeout
+                )
             else:
-                await send_json(conn, stream, 200, {"status": "ok"}, head=method == b"HEAD")
-            return False
-        token = self.settings.auth_token
-        if path == STREAM_PATH:
-            if method != b"GET":
-                await self._method_not_allowed(conn, stream, b"GET")
-                return False
-            check = upgrade_problem(request)
-            if isinstance(check, Upgrade):
-                await self._websocket(conn, stream, request, check)
-                return True
-            if not authorized(request, token):
-                await self._unauthorized(conn, stream)
-                return False
-            status, message, headers = check
-            await send_json(
-                conn, stream, status, error_body(status, message, "upgrade_required"), headers
-            )
-            return False
-        if not authorized(request, token):
-            await self._unauthorized(conn, stream)
-            return False
-        if is_models_path(path.decode("utf-8", "replace")):
-            await self._models(conn, stream, method, path)
-            return False
-        await send_json(conn, stream, 404, error_body(404, "not found", "not_found"))
-        return False
-
-    async def _models(
-        self, conn: h11.Connection, stream: anyio.abc.ByteStream, method: bytes, path: bytes
-    ) -> None:
-        status, body, headers = await models_route(
-            self.provider, method.decode("ascii", "replace"), path.decode("utf-8", "replace")
-        )
-        await send_json(conn, stream, status, body, headers)
-
-    async def _method_not_allowed(
-        self, conn: h11.Connection, stream: anyio.abc.ByteStream, allow: bytes
-    ) -> None:
-        body = error_body(405, "method not allowed", "method_not_allowed")
-        await send_json(conn, stream, 405, body, [(b"allow", allow)])
-
-    async def _unauthorized(self, conn: h11.Connection, stream: anyio.abc.ByteStream) -> None:
-        body = error_body(401, "missing or invalid bearer token", "invalid_api_key")
-        await send_json(conn, stream, 401, body, [(b"www-authenticate", b"Bearer")])
+                app_request = build_request(
+                    conn,
+                    stream,
+                    request,
+                    limits=limits,
+                    max_body=self.settings.max_upload_bytes,
+                    peer=peer,
+                )
+                alive = await exchange(
+                    self.app.handle,
+                    conn,
+                    stream,
+                    app_request,
+                    limits=limits,
+                    send_timeout=self.settings.stream_idle_timeout,
+                )
+                if not alive:
+                    return
+            if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                return  # a body was left unread (the response said "connection: close")
+            conn.start_next_cycle()
 
     # -- one WebSocket stream ----------------------------------------------------------------
 
@@ -310,10 +327,17 @@ class Server:
         request: h11.Request,
         upgrade: Upgrade,
     ) -> None:
+        offered = (header(request, b"sec-websocket-protocol") or b"").decode("latin-1")
+        authorized, subprotocol = websocket_admission(
+            request.headers, offered.split(",") if offered else [], self.settings.auth_token
+        )
+        headers = list(upgrade.headers)
+        if subprotocol is not None:
+            headers.append((b"sec-websocket-protocol", subprotocol.encode()))
         await stream.send(
             conn.send(
                 h11.InformationalResponse(
-                    status_code=101, headers=upgrade.headers, reason=reason(101)
+                    status_code=101, headers=headers, reason=reason_phrase(101)
                 )
             )
         )
@@ -328,9 +352,9 @@ class Server:
         first: Input | None = None
         slot: Slot | None = None
         # Spec: a rejected token completes the handshake and closes 4401, no error object.
-        if not authorized(request, self.settings.auth_token):
+        if not authorized:
             first = AuthRejected()
-        elif self._stopping or (slot := await self._slots.acquire()) is None:
+        elif self._stopping or (slot := await self.app.stream_slots.acquire()) is None:
             # Rejected, never queued (spec: "Each stream consumes one slot ...").
             first = Refused(
                 code=ErrorCode.CONNECTION_LIMIT,
@@ -350,20 +374,16 @@ class Server:
             self._drivers.discard(driver)
             if not self._drivers:
                 self._no_streams.set()
-            options = session.options
-            log.info(
-                "stream closed",
-                extra={
-                    "peer": peer,
-                    "model": options.model if options else None,
-                    "outcome": session.outcome,
-                    "close_code": int(session.close_code) if session.close_code else None,
-                    "error": session.error.code.value if session.error else None,
-                    "audio_seconds": session.audio_seconds,
-                    "frames": session.frames,
-                    "duration": round(time.monotonic() - started, 3),
-                },
-            )
+            self.app.stream_closed(session, peer=peer, seconds=time.monotonic() - started)
+
+
+def _is_upgrade(request: h11.Request) -> bool:
+    """A WebSocket handshake on the stream route (anything else there is the app's to answer:
+    426 for a plain GET, 405 for other methods)."""
+    if request.method != b"GET" or request.target.split(b"?", 1)[0] != STREAM_PATH.encode():
+        return False
+    upgrade = header(request, b"upgrade") or b""
+    return b"websocket" in {t.strip().lower() for t in upgrade.split(b",")}
 
 
 def _peer(stream: anyio.abc.ByteStream) -> str | None:

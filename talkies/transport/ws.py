@@ -51,7 +51,9 @@ class WsprotoChannel:
     ) -> None:
         self._stream = stream
         self._ws = Connection(ConnectionType.SERVER, trailing_data=trailing_data)
-        self._events: Iterator[Event] = iter(())
+        # Frames that came with the upgrade head are parsed now, not after the next read: a
+        # client that sent start (or a ping) early and then waits would otherwise wait forever.
+        self._events: Iterator[Event] = self._ws.events()
         self._read_size = read_size
         self._send_timeout = send_timeout
         self._send_lock = anyio.Lock()

@@ -1,0 +1,335 @@
+"""The HTTP application: every route, admission rule and error shape, written once.
+
+Admission happens here, in one order, for both hosts:
+
+1. public routes (``/healthz``) answer without a token;
+2. everything else needs the bearer token when one is configured (401 with
+   ``WWW-Authenticate: Bearer``), before the route is even looked up, so an unauthenticated
+   client learns nothing about which routes exist;
+3. unknown path → 404; known path, other method → 405 with ``Allow``;
+4. a body whose declared length passes ``TALKIES_MAX_UPLOAD_BYTES`` → 413 before any of it
+   is read; the cap is enforced again on the bytes as they arrive (:class:`Body`).
+
+The WebSocket route is the one thing the hosts do themselves (the upgrade is a transport
+matter); a plain HTTP request to it gets 426 here.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+
+from .. import metrics
+from ..config import Settings
+from ..engines.base import StreamProvider
+from ..engines.pool import ModelConflict, ModelPool
+from ..engines.slots import Slots
+from ..protocol import StreamSession
+from .files import FileStore, file_chunks
+from .http import HttpError, PayloadTooLarge, Request, Response, error_response, json_response
+from .mcp import MCP_PATH, McpEndpoint, request_limit
+from .models import model_rows
+from .speech import speech_route, voices_route
+from .transcribe import transcription_route
+
+__all__ = ["STREAM_PATH", "SUBPROTOCOL", "TalkiesApp", "bearer_ok", "websocket_admission"]
+
+log = logging.getLogger("talkies.app")
+
+STREAM_PATH = "/v1/audio/transcriptions/stream"
+_PAGE = Path(__file__).parent / "static" / "index.html"
+
+Handler = Callable[..., Awaitable[Response]]
+
+
+def bearer_ok(headers: Iterable[tuple[bytes, bytes]], token: str | None) -> bool:
+    """``Authorization: Bearer <token>``, compared in constant time. Never the query string."""
+    if token is None:
+        return True
+    for name, value in headers:
+        if name.lower() == b"authorization":
+            scheme, _, credentials = bytes(value).partition(b" ")
+            if scheme.lower() == b"bearer":
+                return hmac.compare_digest(credentials.strip(), token.encode("utf-8"))
+            return False
+    return False
+
+
+# Browsers cannot set Authorization on a WebSocket and the spec forbids tokens in URLs, so a
+# browser may offer the token as a subprotocol beside "talkies" (docs/protocol.md, an
+# extension); the server selects "talkies" and never logs what was offered.
+SUBPROTOCOL = "talkies"
+_BEARER_PROTOCOL = "talkies.bearer."
+
+
+def websocket_admission(
+    headers: Iterable[tuple[bytes, bytes]], subprotocols: Iterable[str], token: str | None
+) -> tuple[bool, str | None]:
+    """(authorized, the subprotocol to select) for a WebSocket handshake. The Authorization
+    header is the primary way; a ``talkies.bearer.<token>`` subprotocol is the browsers' way."""
+    offered = [p.strip() for p in subprotocols]
+    selected = SUBPROTOCOL if SUBPROTOCOL in offered else None
+    headers = list(headers)
+    if any(name.lower() == b"authorization" for name, _ in headers):
+        return bearer_ok(headers, token), selected
+    if token is None:
+        return True, selected
+    for protocol in offered:
+        if protocol.startswith(_BEARER_PROTOCOL) and selected is not None:
+            candidate = protocol[len(_BEARER_PROTOCOL) :].encode("utf-8", "surrogateescape")
+            return hmac.compare_digest(candidate, token.encode("utf-8")), selected
+    return False, selected
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    pattern: re.Pattern[str]
+    methods: Mapping[str, Handler]
+    body_limit: int | None = None  # this route's own cap, instead of the upload cap
+
+    @property
+    def allow(self) -> str:
+        methods = set(self.methods) | ({"HEAD"} if "GET" in self.methods else set())
+        return ", ".join(sorted(methods))
+
+
+class TalkiesApp:
+    """One instance per server process, shared by every connection of both hosts."""
+
+    def __init__(self, settings: Settings, provider: StreamProvider) -> None:
+        self.settings = settings
+        self.provider = provider
+        self.pool = provider if isinstance(provider, ModelPool) else None
+        # Server-wide stream slots (TALKIES_STREAM_MAX_CONNECTIONS), shared by the hosts' WebSocket
+        # routes; a stream gives its slot back before its close frame leaves.
+        self.stream_slots = Slots(settings.stream_max_connections)
+        self.files = FileStore(settings.data_dir / "files")
+        self.tmp_dir = settings.data_dir / "tmp"
+        self.mcp = McpEndpoint(settings, pool=self.pool, files=self.files, tmp_dir=self.tmp_dir)
+        self._public: dict[str, _Route] = {}
+        self._routes: list[_Route] = []
+        self._public["/healthz"] = self._route("/healthz", GET=self._health)
+        self._public["/readyz"] = self._route("/readyz", GET=self._ready)
+        self._public["/"] = self._route("/", GET=self._page)
+        metrics.track(self)
+        self._routes = [
+            self._route("/metrics", GET=self._metrics),
+            self._route("/v1/models", GET=self._models),
+            self._route("/v1/models/(?P<slug>[^/]+)", DELETE=self._unload),
+            self._route("/v1/audio/transcriptions", POST=self._transcribe),
+            # Base64 audio up to the upload cap, in its JSON-RPC envelope.
+            self._route(MCP_PATH, body_limit=request_limit(settings), POST=self.mcp.handle),
+            self._route("/v1/audio/speech", POST=self._speech),
+            self._route("/v1/audio/voices", GET=self._voices),
+            self._route(STREAM_PATH, GET=self._needs_upgrade),
+            self._route("/v1/files", GET=self._files),
+            self._route(
+                "/v1/files/(?P<path>.+)",
+                GET=self._file_get,
+                PUT=self._file_put,
+                DELETE=self._file_delete,
+            ),
+        ]
+
+    @staticmethod
+    def _route(pattern: str, body_limit: int | None = None, **methods: Handler) -> _Route:
+        return _Route(re.compile(pattern), methods, body_limit)
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def lifespan(self) -> AsyncIterator[None]:
+        """What runs beside the server: the idle-model sweeper and the MCP endpoint (its tool
+        calls end first); models unloaded at the end."""
+        async with anyio.create_task_group() as tg:
+            if self.pool is not None:
+                tg.start_soon(self.pool.run_sweeper)
+            try:
+                async with self.mcp.lifespan():
+                    yield
+            finally:
+                tg.cancel_scope.cancel()
+        if self.pool is not None:
+            await self.pool.aclose()
+
+    # -- streams (the hosts run them; what every stream leaves behind is written here) --------
+
+    def stream_closed(self, session: StreamSession, *, peer: str | None, seconds: float) -> None:
+        """One JSON log line per stream (never the token: nothing from the request head),
+        and the stream's counters."""
+        options = session.options
+        code = session.error.code.value if session.error else None
+        log.info(
+            "stream closed",
+            extra={
+                "peer": peer,
+                "model": options.model if options else None,
+                "outcome": session.outcome,
+                "close_code": int(session.close_code) if session.close_code else None,
+                "error": code,
+                "audio_seconds": session.audio_seconds,
+                "frames": session.frames,
+                "duration": round(seconds, 3),
+            },
+        )
+        metrics.STREAMS.labels(outcome=session.outcome or "", code=code or "").inc()
+        metrics.FRAMES.inc(session.frames)
+        metrics.AUDIO_SECONDS.inc(session.audio_seconds)
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def authorized(self, request: Request) -> bool:
+        return bearer_ok(request.headers, self.settings.auth_token)
+
+    async def handle(self, request: Request) -> Response:
+        """The response to ``request``; never raises for a bad request (only for a client
+        that left, which the host handles)."""
+        try:
+            return await self._dispatch(request)
+        except HttpError as exc:
+            return exc.response()
+
+    async def _dispatch(self, request: Request) -> Response:
+        route = self._public.get(request.path)
+        params: dict[str, str] = {}
+        if route is None:
+            if not self.authorized(request):
+                return error_response(
+                    401,
+                    "missing or invalid bearer token",
+                    code="invalid_api_key",
+                    headers=[(b"www-authenticate", b"Bearer")],
+                )
+            route, params = self._match(request.path)
+        method = "GET" if request.method == "HEAD" else request.method
+        handler = route.methods.get(method)
+        if handler is None:
+            return error_response(
+                405,
+                f"{request.method} is not allowed here",
+                code="method_not_allowed",
+                headers=[(b"allow", route.allow.encode())],
+            )
+        if route.body_limit is not None:
+            request.body.limit = route.body_limit
+        if request.body.declared is not None and request.body.declared > request.body.limit:
+            raise PayloadTooLarge(request.body.limit)
+        return await handler(request, **params)
+
+    def _match(self, path: str) -> tuple[_Route, dict[str, str]]:
+        for route in self._routes:
+            match = route.pattern.fullmatch(path)
+            if match is not None:
+                return route, match.groupdict()
+        raise HttpError(404, f"no route {path!r}", code="not_found")
+
+    # -- routes ------------------------------------------------------------------------------
+
+    async def _metrics(self, request: Request) -> Response:
+        body = await anyio.to_thread.run_sync(metrics.render)
+        return Response(
+            status=200, headers=[(b"content-type", metrics.CONTENT_TYPE.encode())], body=body
+        )
+
+    async def _health(self, request: Request) -> Response:
+        return json_response(200, {"status": "ok"})
+
+    async def _page(self, request: Request) -> Response:
+        """The browser page: one self-contained file (no CDN, no build step)."""
+        page = await anyio.Path(_PAGE).read_bytes()
+        headers = [
+            (b"content-type", b"text/html; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            # Everything the page loads is its own: no third party, and the microphone only
+            # for this origin.
+            (
+                b"content-security-policy",
+                b"default-src 'self'; script-src 'self' 'unsafe-inline' blob:; "
+                b"style-src 'self' 'unsafe-inline'; connect-src 'self' ws: wss:; "
+                b"media-src 'self' blob:; img-src 'self' data:",
+            ),
+        ]
+        return Response(status=200, headers=headers, body=page)
+
+    async def _ready(self, request: Request) -> Response:
+        """Readiness for a load balancer: 503 while no stream slot is free or no model can
+        be served, so traffic goes to another instance; /healthz stays liveness only."""
+        slots = self.stream_slots
+        if slots.held >= slots.limit:
+            return json_response(503, {"status": "full", "streams": slots.held})
+        if self.pool is not None and not self.pool.servable():
+            return json_response(503, {"status": "no_models"})
+        return json_response(200, {"status": "ready", "streams": slots.held})
+
+    async def _needs_upgrade(self, request: Request) -> Response:
+        return error_response(
+            426,
+            "this route needs a WebSocket upgrade",
+            code="upgrade_required",
+            headers=[(b"upgrade", b"websocket")],
+        )
+
+    def _require_pool(self) -> ModelPool:
+        if self.pool is None:
+            raise HttpError(404, "this server has no model registry", code="model_not_found")
+        return self.pool
+
+    async def _models(self, request: Request) -> Response:
+        return json_response(200, {"object": "list", "data": model_rows(self.pool)})
+
+    async def _unload(self, request: Request, slug: str) -> Response:
+        """Unload a model; 409 while streams pin it or requests use it (spec)."""
+        pool = self.pool
+        if pool is None or pool.entry(slug) is None:
+            raise HttpError(404, f"unknown model {slug!r}", code="model_not_found")
+        try:
+            await pool.unload(slug)
+        except ModelConflict as exc:
+            raise HttpError(409, str(exc), code="model_in_use") from None
+        return json_response(200, {"id": slug, "object": "model", "loaded": False})
+
+    async def _transcribe(self, request: Request) -> Response:
+        return await transcription_route(
+            request,
+            pool=self._require_pool(),
+            files=self.files,
+            tmp_dir=self.tmp_dir,
+            max_seconds=self.settings.stream_max_duration,
+        )
+
+    async def _speech(self, request: Request) -> Response:
+        return await speech_route(
+            request,
+            pool=self._require_pool(),
+            chunk_steps=self.settings.qwen3_stream_chunk_size,
+        )
+
+    async def _voices(self, request: Request) -> Response:
+        return await voices_route(request, pool=self._require_pool())
+
+    async def _files(self, request: Request) -> Response:
+        return json_response(200, {"object": "list", "data": await self.files.listing()})
+
+    async def _file_get(self, request: Request, path: str) -> Response:
+        target, size = self.files.open(path)
+        headers = [
+            (b"content-type", b"application/octet-stream"),
+            (b"content-length", str(size).encode()),
+        ]
+        if request.method == "HEAD":
+            return Response(status=200, headers=headers)
+        return Response(status=200, headers=headers, body=file_chunks(target))
+
+    async def _file_put(self, request: Request, path: str) -> Response:
+        return json_response(201, await self.files.put(path, request.body))
+
+    async def _file_delete(self, request: Request, path: str) -> Response:
+        return json_response(200, await self.files.delete(path))

@@ -1,0 +1,120 @@
+"""Prometheus metrics (``GET /metrics``), with ``prometheus-client``.
+
+Counters and histograms are process-wide and live in :data:`REGISTRY` (not the client's
+default registry, so an application embedding Talkies keeps its own namespace clean). Gauges
+that describe state (slots, loaded models) are read at scrape time from every live
+:class:`~talkies.app.TalkiesApp`, so they can never drift from the pool they describe.
+
+Nothing here reads a clock or does I/O on its own: callers observe the values they measured.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from .app import TalkiesApp
+
+__all__ = [
+    "AUDIO_SECONDS",
+    "CONTENT_TYPE",
+    "DECODE_ROUND_SECONDS",
+    "EVENT_LATENCY_SECONDS",
+    "FRAMES",
+    "MODEL_LOAD_SECONDS",
+    "REGISTRY",
+    "STREAMS",
+    "render",
+    "track",
+]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+STREAMS = Counter(
+    "talkies_streams",
+    "Live-ASR streams that ended, by outcome and the contract's error code ('' when none).",
+    ["outcome", "code"],
+    registry=REGISTRY,
+)
+FRAMES = Counter("talkies_audio_frames", "Binary audio frames accepted.", registry=REGISTRY)
+AUDIO_SECONDS = Counter(
+    "talkies_audio_seconds", "Seconds of audio accepted on streams.", registry=REGISTRY
+)
+DECODE_ROUND_SECONDS = Histogram(
+    "talkies_decode_round_seconds",
+    "Wall time of one decode round (one worker-thread hop over every ready stream of a model).",
+    ["model"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+    registry=REGISTRY,
+)
+EVENT_LATENCY_SECONDS = Histogram(
+    "talkies_event_latency_seconds",
+    "From the newest audio given to the engine to a partial or endpoint event being sent.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+    registry=REGISTRY,
+)
+MODEL_LOAD_SECONDS = Histogram(
+    "talkies_model_load_seconds",
+    "Time to load a model into memory (after its files are in place).",
+    ["model"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+    registry=REGISTRY,
+)
+
+_apps: weakref.WeakSet[TalkiesApp] = weakref.WeakSet()
+
+
+def track(app: TalkiesApp) -> None:
+    """Report ``app``'s slots and models in the gauges while it lives."""
+    _apps.add(app)
+
+
+class _StateCollector(Collector):
+    def collect(self) -> Iterator[Metric]:
+        streams = GaugeMetricFamily(
+            "talkies_active_streams", "Live-ASR streams holding a server-wide slot."
+        )
+        stream_limit = GaugeMetricFamily(
+            "talkies_stream_slots", "Server-wide stream slots (TALKIES_STREAM_MAX_CONNECTIONS)."
+        )
+        in_use = GaugeMetricFamily(
+            "talkies_model_slots_in_use",
+            "Slots of a model held by streams and HTTP requests.",
+            labels=["model"],
+        )
+        limit = GaugeMetricFamily(
+            "talkies_model_slots", "Slots of a model (its max_concurrency).", labels=["model"]
+        )
+        loaded = GaugeMetricFamily(
+            "talkies_model_loaded", "1 while the model is in memory.", labels=["model"]
+        )
+        pinned = GaugeMetricFamily(
+            "talkies_model_pinned", "1 while streams pin the model.", labels=["model"]
+        )
+        for app in list(_apps):
+            streams.add_metric([], app.stream_slots.held)
+            stream_limit.add_metric([], app.stream_slots.limit)
+            if app.pool is None:
+                continue
+            for row in app.pool.status():
+                labels = [row["model"]]
+                in_use.add_metric(labels, row["in_use"])
+                limit.add_metric(labels, row["max_concurrency"])
+                loaded.add_metric(labels, int(row["loaded"]))
+                pinned.add_metric(labels, int(row["pinned"]))
+        yield from (streams, stream_limit, in_use, limit, loaded, pinned)
+
+
+REGISTRY.register(_StateCollector())
+
+
+def render() -> bytes:
+    """The text exposition of every metric."""
+    return generate_latest(REGISTRY)
