@@ -1,0 +1,226 @@
+"""``POST /v1/audio/speech`` (OpenAI's shape) and ``GET /v1/audio/voices?model=``.
+
+Spec ("Qwen3 PCM over HTTP"): with a Qwen3 model and ``response_format: "pcm"`` the body is
+raw s16le mono PCM at 24 kHz, ``application/octet-stream`` with ``X-Sample-Rate: 24000``, sent
+chunk by chunk (HTTP/1.1 chunked transfer) as the codec decodes it: each chunk is
+``TALKIES_QWEN3_STREAM_CHUNK_SIZE`` codec steps, written the moment it exists. Every other
+format, and every Kokoro request, is synthesized whole and then encoded (ffmpeg for flac, mp3,
+opus and aac).
+
+Checks come before any audio: the body, the model (404 unknown, 400 not a speech model), the
+format, then a slot from the model's pool (429 full, 409 another model pinned), then the
+model's own checks (voice, input length, speed). The first chunk is awaited before the 200 is
+committed, so a failure at the start of synthesis is still a clean 4xx/5xx.
+
+A streamed response owns its slot until its body is closed: the host closes it when the client
+has everything, or when the client leaves, which stops the synthesis within one codec step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable
+from typing import Any, cast
+
+from .. import audio
+from ..engines.pool import ModelPool
+from ..engines.tts.base import (
+    SpeechError,
+    SpeechModel,
+    SpeechRequest,
+    SpeechStream,
+    SynthesisFailed,
+)
+from .http import HttpError, Request, Response, json_response
+from .transcribe import acquire_model
+
+__all__ = ["speech_route", "synthesize", "voices_route"]
+
+log = logging.getLogger("talkies.app")
+
+_MAX_BODY = 65536  # 4096 characters of input, as UTF-8 and JSON-escaped, fit easily
+_FIELDS = {"model", "input", "voice", "response_format", "speed", "instructions", "language"}
+
+
+def _text(doc: dict[str, Any], name: str, *, required: bool) -> str | None:
+    value = doc.get(name)
+    if value is None:
+        if required:
+            raise HttpError(400, f"the {name!r} field is required", param=name)
+        return None
+    if not isinstance(value, str):
+        raise HttpError(400, f"the {name!r} field must be a string", param=name)
+    return value
+
+
+def _speech_model(pool: ModelPool, slug: str) -> None:
+    entry = pool.entry(slug)
+    if entry is None:
+        raise HttpError(404, f"unknown model {slug!r}", code="model_not_found", param="model")
+    if not entry.tts:
+        raise HttpError(
+            400,
+            f"model {slug!r} ({entry.executor}) is not a speech model",
+            code="unsupported_model",
+            param="model",
+        )
+
+
+async def _parse(request: Request) -> tuple[str, str, SpeechRequest]:
+    raw = await request.body.read(limit=_MAX_BODY)
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, ValueError):
+        raise HttpError(400, "the body must be a JSON object") from None
+    if not isinstance(doc, dict):
+        raise HttpError(400, "the body must be a JSON object")
+    unknown = sorted(set(doc) - _FIELDS)
+    if unknown:
+        raise HttpError(400, f"unknown field {unknown[0]!r}", param=unknown[0])
+    slug = _text(doc, "model", required=True)
+    text = _text(doc, "input", required=True)
+    voice = _text(doc, "voice", required=True)
+    fmt = _text(doc, "response_format", required=False) or "mp3"
+    if fmt not in audio.SPEECH_FORMATS:
+        choices = ", ".join(audio.SPEECH_FORMATS)
+        raise HttpError(400, f"response_format must be one of {choices}", param="response_format")
+    speed = doc.get("speed", 1.0)
+    if isinstance(speed, bool) or not isinstance(speed, int | float) or not math.isfinite(speed):
+        raise HttpError(400, "speed must be a number", param="speed")
+    assert slug is not None and text is not None and voice is not None
+    speech = SpeechRequest(
+        text=text,
+        voice=voice,
+        speed=float(speed),
+        instructions=_text(doc, "instructions", required=False),
+        language=_text(doc, "language", required=False),
+    )
+    return slug, fmt, speech
+
+
+def _refused(exc: SpeechError) -> HttpError:
+    return HttpError(400, exc.message, code=exc.kind.value, param=exc.param)
+
+
+class _StreamedSpeech:
+    """A response body over a synthesis: its chunks as they come, the slot released exactly
+    once when the host closes it (done, failed or the client gone), even if never read."""
+
+    def __init__(self, first: bytes, stream: SpeechStream, release: Callable[[], None]) -> None:
+        self._first: bytes | None = first
+        self._stream = stream
+        self._release = release
+        self._closed = False
+
+    def __aiter__(self) -> _StreamedSpeech:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
+        if self._closed:
+            raise StopAsyncIteration
+        return await self._stream.__anext__()
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._stream.aclose()
+        finally:
+            self._release()
+
+
+async def _start(
+    pool: ModelPool, slug: str, speech: SpeechRequest, *, chunk_steps: int
+) -> tuple[SpeechModel, SpeechStream, bytes, Callable[[], None]]:
+    """A slot, the model's own checks, and the synthesis up to its first chunk (so an error
+    at the start is still a clean refusal). The caller owns the stream and the slot."""
+    _speech_model(pool, slug)
+    loaded, release = await acquire_model(pool, slug)
+    model = cast(SpeechModel, loaded)  # a TTS entry's executor loads a speech model
+    try:
+        model.validate(speech)
+        stream = await model.synthesize(speech, chunk_steps=chunk_steps)
+    except SpeechError as exc:
+        release()
+        raise _refused(exc) from None
+    except BaseException:
+        release()
+        raise
+    try:
+        first = await anext(stream, b"")
+    except BaseException as exc:
+        await stream.aclose()
+        release()
+        if isinstance(exc, SpeechError):
+            raise _refused(exc) from None
+        if isinstance(exc, SynthesisFailed):
+            raise HttpError(500, str(exc), code="server_error") from None
+        raise
+    return model, stream, first, release
+
+
+async def _rest(stream: SpeechStream, first: bytes, release: Callable[[], None]) -> bytes:
+    """Every chunk after ``first``; then the stream is closed and the slot released."""
+    chunks = [first]
+    try:
+        async for chunk in stream:
+            chunks.append(chunk)
+    except SynthesisFailed as exc:
+        raise HttpError(500, str(exc), code="server_error") from None
+    finally:
+        await stream.aclose()
+        release()
+    return b"".join(chunks)
+
+
+async def _encode(pcm: bytes, model: SpeechModel, fmt: str) -> tuple[bytes, str]:
+    data, content_type = await audio.encode(pcm, model.sample_rate, fmt)
+    if fmt == "pcm":
+        content_type = "application/octet-stream"  # as the streamed PCM: raw, no header
+    return data, content_type
+
+
+async def synthesize(
+    pool: ModelPool, slug: str, speech: SpeechRequest, fmt: str, *, chunk_steps: int
+) -> tuple[bytes, str, int]:
+    """A whole utterance, encoded: (data, content type, sample rate). For MCP's ``speak``."""
+    model, stream, first, release = await _start(pool, slug, speech, chunk_steps=chunk_steps)
+    data, content_type = await _encode(await _rest(stream, first, release), model, fmt)
+    return data, content_type, model.sample_rate
+
+
+async def speech_route(request: Request, *, pool: ModelPool, chunk_steps: int) -> Response:
+    slug, fmt, speech = await _parse(request)
+    model, stream, first, release = await _start(pool, slug, speech, chunk_steps=chunk_steps)
+    headers = [(b"x-sample-rate", str(model.sample_rate).encode())]
+    if model.streaming and fmt == "pcm":
+        # The body owns the stream, and the slot, from here on.
+        headers.insert(0, (b"content-type", b"application/octet-stream"))
+        return Response(status=200, headers=headers, body=_StreamedSpeech(first, stream, release))
+    data, content_type = await _encode(await _rest(stream, first, release), model, fmt)
+    headers.insert(0, (b"content-type", content_type.encode()))
+    return Response(status=200, headers=headers, body=data)
+
+
+async def voices_route(request: Request, *, pool: ModelPool) -> Response:
+    slug = (request.query_params().get("model") or [""])[-1]
+    if not slug:
+        speech_models = [slug for slug in pool.slugs() if getattr(pool.entry(slug), "tts", False)]
+        raise HttpError(
+            400,
+            f"give ?model= one of: {', '.join(speech_models) or 'none configured'}",
+            param="model",
+        )
+    _speech_model(pool, slug)
+    loaded = pool.peek(slug)
+    if loaded is None:  # load it (that needs a slot for the moment)
+        loaded, release = await acquire_model(pool, slug)
+        release()
+    voices = cast(SpeechModel, loaded).voices()
+    return json_response(200, {"object": "list", "model": slug, "voices": voices})
