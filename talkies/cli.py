@@ -1,4 +1,5 @@
-"""``talkies`` command line: ``serve``, ``models list|pull|import-ct2``."""
+"""``talkies`` command line: ``serve``; ``stream``, ``transcribe``, ``speak`` (a client of a
+running server); ``models list|pull|import-ct2``."""
 
 from __future__ import annotations
 
@@ -41,6 +42,34 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds active streams may finish after SIGTERM/SIGINT (default 10)",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+
+    default_url = "http://127.0.0.1:8000"
+    stream = sub.add_parser(
+        "stream", help="stream an audio file (or - for stdin) to a server, showing the transcript"
+    )
+    stream.add_argument("source", help="any audio ffmpeg reads, or - for standard input")
+    stream.add_argument("--url", default=default_url, help=f"server (default {default_url})")
+    stream.add_argument("--model", default=None, help="model slug (default whisper-base-en)")
+    stream.add_argument("--language", help="language tag, or auto")
+    stream.add_argument("--fast", action="store_true", help="send as fast as the server takes it")
+    stream.add_argument("--json", action="store_true", help="print the raw events, one per line")
+    transcribe = sub.add_parser("transcribe", help="transcribe a file over HTTP")
+    transcribe.add_argument("source")
+    transcribe.add_argument("--url", default=default_url)
+    transcribe.add_argument("--model", default=None, help="model slug (default whisper-base-en)")
+    transcribe.add_argument("--language")
+    transcribe.add_argument(
+        "--format", default="text", choices=["json", "text", "verbose_json", "srt", "vtt"]
+    )
+    speak = sub.add_parser("speak", help="synthesize speech and play it or write it to a file")
+    speak.add_argument("text")
+    speak.add_argument("--url", default=default_url)
+    speak.add_argument("--model", default="kokoro-82m")
+    speak.add_argument("--voice", default="alloy")
+    speak.add_argument(
+        "--format", default="wav", choices=["wav", "pcm", "flac", "mp3", "opus", "aac"]
+    )
+    speak.add_argument("-o", "--output", help="write here (- for stdout) instead of playing")
 
     models = sub.add_parser("models", help="list, download or import models")
     msub = models.add_subparsers(dest="models_command", required=True)
@@ -98,8 +127,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
     async def run() -> None:
         async with anyio.create_task_group() as tg:
-            await tg.start(server.serve)
-            tg.start_soon(pool.run_sweeper)
+            await tg.start(server.serve)  # with the app's lifespan: TTL sweeper, unloading
             signals_of_interest = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
             with anyio.open_signal_receiver(*signals_of_interest) as signals:
                 async for signum in signals:
@@ -110,7 +138,6 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
                     await server.shutdown(args.grace)
                     break
             tg.cancel_scope.cancel()
-        await pool.aclose()
 
     try:
         anyio.run(run)
@@ -182,6 +209,51 @@ def _models(args: argparse.Namespace, settings: Settings) -> int:
     return 1 if failed else 0
 
 
+def _client(args: argparse.Namespace, settings: Settings) -> int:
+    from . import client
+    from .engines.builtin import DEFAULT_MODEL
+
+    token = settings.auth_token
+    try:
+        if args.command == "stream":
+            client.stream(
+                args.source,
+                url=args.url,
+                model=args.model or DEFAULT_MODEL,
+                language=args.language,
+                token=token,
+                fast=args.fast,
+                as_json=args.json,
+                out=sys.stdout,
+            )
+        elif args.command == "transcribe":
+            client.transcribe(
+                args.source,
+                url=args.url,
+                model=args.model or DEFAULT_MODEL,
+                language=args.language,
+                response_format=args.format,
+                token=token,
+                out=sys.stdout,
+            )
+        else:
+            done = client.speak(
+                args.text,
+                url=args.url,
+                model=args.model,
+                voice=args.voice,
+                response_format=args.format,
+                output=args.output,
+                token=token,
+            )
+            if done:
+                sys.stderr.write(done + "\n")
+    except client.ClientError as exc:
+        sys.stderr.write(f"talkies: {exc}\n")
+        return 1
+    return 0
+
+
 def _server_models(url: str, token: str | None) -> list[dict[str, Any]]:
     """The rows of a running server's ``GET /v1/models``."""
     import urllib.error
@@ -209,6 +281,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = _settings(args)
         if args.command == "serve":
             return _serve(args, settings)
+        if args.command in ("stream", "transcribe", "speak"):
+            return _client(args, settings)
         return _models(args, settings)
     except ConfigError as exc:
         sys.stderr.write(f"talkies: invalid configuration:\n{exc}\n")
