@@ -2,12 +2,17 @@
 # Everything the test suite needs on a fresh Debian/Ubuntu machine: the virtual environment
 # with the project and its dev extra, and the Debian packages that provide real speech audio
 # (pocketsphinx-testdata), synthetic speech (espeak-ng, sox) and ffmpeg, which converts audio
-# as the spec and the quick start show it.
+# as the spec and the quick start show it; curl for the curl tests, gcc to build the test-only
+# stand-in NVIDIA driver that lets the parakeet.cpp runtime take its CPU path; chromium for the
+# browser page's tests; docker.io and debootstrap for docker/smoke.sh (a Docker engine, and a
+# base image made without a registry), docker-compose to validate docker/compose.yaml, nginx
+# for the scale-out test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
-for pkg in espeak-ng ffmpeg pocketsphinx-testdata sox; do
+for pkg in chromium curl debootstrap docker-compose docker.io espeak-ng ffmpeg gcc libc6-dev nginx \
+    pocketsphinx-testdata sox; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if ((${#missing[@]})); then
@@ -19,3 +24,6 @@ fi
 
 [[ -x .venv/bin/python ]] || python3 -m venv .venv
 .venv/bin/python -m pip install -q -e '.[dev]'
+# Qwen3-TTS's package, without the gradio and CUDA torchaudio its metadata asks for (the qwen3
+# extra above holds what it really needs; see pyproject.toml).
+.venv/bin/python -m pip install -q --no-deps qwen-tts==0.1.1
