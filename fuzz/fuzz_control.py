@@ -5,7 +5,7 @@ Oracle (``fuzz._oracle.check_control_message``): for any bytes, ``parse_envelope
 4096 bytes is always ``message_too_large``; a valid start re-serialised parses to the same
 options; the session answers the same bytes exactly as the parser predicts.
 
-    bash fuzz/run.sh 60                                  # both harnesses, with the seeds
+    bash fuzz/run.sh 180                                 # every harness, with the seeds
     PYTHONPATH=. .venv/bin/python fuzz/fuzz_control.py fuzz/crashes/control-crash-...  # replay
 """
 

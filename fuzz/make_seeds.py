@@ -1,4 +1,4 @@
-"""Write the seed corpora ``fuzz/corpus/control/`` and ``fuzz/corpus/session/``.
+"""Write the seed corpora ``fuzz/corpus/{control,session,wire}/``.
 
     PYTHONPATH=. .venv/bin/python fuzz/make_seeds.py          # (re)write the seeds
     PYTHONPATH=. .venv/bin/python fuzz/make_seeds.py --check  # exit 1 if the files differ
@@ -15,6 +15,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -26,6 +27,8 @@ from fuzz._oracle import (
     check_control_message,
     check_session_program,
 )
+from fuzz._wire import FRAMES, check_wire_input, encode_wire_input
+from fuzz._wire import client_frame as frame
 from talkies.protocol import ErrorCode
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
@@ -222,6 +225,161 @@ SESSION_SEEDS: dict[str, tuple[Callable[[], ProgramWriter], str]] = {
 }
 
 
+# -- wire seeds: raw client bytes after the upgrade (fuzz/_wire.py) ----------------------------
+
+
+def _start(model: str = "tiny-test") -> bytes:
+    return json.dumps({**_START, "model": model}).encode()
+
+
+_END = b'{"type":"end"}'
+_SPEECH = (b"\xb8\x0b" * 20 + b"\x48\xf4" * 20) * 8  # 20 ms of a loud square wave
+_CLOSE = (1000).to_bytes(2, "big")
+# A client that writes frame by frame and waits for the server between writes.
+_STEPWISE = {"chunk_size": FRAMES, "patient": True}
+
+# name -> (client bytes, how they are sent, the session's outcome, the close code on the wire)
+WIRE_SEEDS: dict[str, tuple[bytes, dict[str, Any], str, int | None]] = {
+    "happy_path": (
+        frame(1, _start()) + frame(2, _SPEECH) * 12 + frame(1, _END),
+        _STEPWISE,
+        "end",
+        1000,
+    ),
+    "happy_path_fragmented_with_ping": (
+        frame(1, _start()[:20], fin=False)
+        + frame(0, _start()[20:])
+        + frame(2, _SPEECH[:100], fin=False)
+        + frame(9, b"mid")
+        + frame(0, _SPEECH[100:])
+        + frame(2, _SPEECH) * 11
+        + frame(1, _END),
+        _STEPWISE,
+        "end",
+        1000,
+    ),
+    "happy_path_byte_by_byte": (
+        frame(1, _start()) + frame(2, _SPEECH) + frame(1, _END),
+        {"chunk_size": 1, "patient": True},
+        "invalid_audio",  # after 64 reads the rest comes at once: audio with the start's end
+        4400,
+    ),
+    "cancel": (
+        frame(1, _start()) + frame(2, _SPEECH) + frame(1, b'{"type":"cancel"}'),
+        _STEPWISE,
+        "cancel",
+        1000,
+    ),
+    "pings_and_unsolicited_pong": (
+        frame(9, b"a") + frame(1, _start()) + frame(9, b"b") + frame(10, b"pong") + frame(9, b""),
+        _STEPWISE,
+        "peer_gone",
+        None,
+    ),
+    "client_close": (frame(1, _start()) + frame(8, _CLOSE + b"bye"), _STEPWISE, "peer_gone", 1000),
+    "client_close_without_code": (frame(8), {}, "peer_gone", 1005),
+    "client_close_4000": (frame(8, (4000).to_bytes(2, "big")), {}, "peer_gone", 4000),
+    # Found by the fuzzer: a client's 1007 is echoed like any close code (the oracle's rule
+    # "1007 never" is about the server's own closes).
+    "client_close_1007": (frame(8, (1007).to_bytes(2, "big")), {}, "peer_gone", 1007),
+    "close_invalid_code": (frame(8, (999).to_bytes(2, "big")), {}, "peer_gone", 1002),
+    "close_one_byte": (frame(8, b"\x03"), {}, "peer_gone", 1002),
+    "close_reason_invalid_utf8": (frame(8, _CLOSE + b"\xff"), {}, "invalid_json", 4400),
+    "invalid_utf8": (frame(1, b"\xff\xfe{}"), {}, "invalid_json", 4400),
+    "invalid_utf8_in_fragment": (
+        frame(1, b'{"type":', fin=False) + frame(0, b'"\xc3\x28"}'),
+        {"chunk_size": 2},
+        "invalid_json",
+        4400,
+    ),
+    "utf8_split_between_fragments": (
+        frame(1, b'{"\xc3', fin=False) + frame(0, b'\xa9":1,' + _start()[1:]),
+        {"chunk_size": 1},
+        "unknown_field",
+        4400,
+    ),
+    "unmasked": (frame(1, _start(), mask=None), {}, "peer_gone", 1002),
+    "continuation_first": (frame(0, b"{}"), {}, "peer_gone", 1002),
+    "text_inside_text": (frame(1, b"{", fin=False) + frame(1, b"}"), {}, "peer_gone", 1002),
+    "binary_inside_text": (frame(1, b"{", fin=False) + frame(2, b"\0\0"), {}, "peer_gone", 1002),
+    "fragmented_ping": (
+        frame(1, _start()) + frame(9, b"x", fin=False),
+        _STEPWISE,
+        "peer_gone",
+        1002,
+    ),
+    "oversized_ping": (frame(9, b"x" * 126), {}, "peer_gone", 1002),
+    "reserved_opcode": (frame(3), {}, "peer_gone", 1002),
+    "reserved_bit": (frame(1, _start(), rsv=4), {}, "peer_gone", 1002),
+    "length_top_bit": (frame(2, length=1 << 63), {}, "peer_gone", 1002),
+    "length_not_minimal": (b"\x82\xfe\x00\x04" + b"\0" * 8, {}, "peer_gone", 1002),
+    "control_over_4096": (
+        frame(1, b'{"type":', fin=False) + frame(0, b" " * 1000, fin=False) * 5,
+        {"chunk_size": 509},
+        "message_too_large",
+        4400,
+    ),
+    "terabyte_frame": (
+        frame(1, _start()) + frame(2, b"\0" * 8192, length=1 << 40)[: 14 + 8192],
+        _STEPWISE,
+        "frame_too_large",
+        4400,
+    ),
+    "terabyte_text": (
+        frame(1, b" " * 8192, length=1 << 40)[: 14 + 8192],
+        {},
+        "message_too_large",
+        4400,
+    ),
+    "frames_with_the_upgrade_head": (
+        frame(9, b"early") + frame(1, _start()),
+        {"trailing": True, "patient": True},
+        "peer_gone",
+        None,
+    ),
+    "audio_before_ready": (frame(1, _start()) + frame(2, _SPEECH), {}, "invalid_audio", 4400),
+    "unaligned_audio": (
+        frame(1, _start()) + frame(2, b"\0" * 641),
+        _STEPWISE,
+        "unaligned_audio",
+        4400,
+    ),
+    "empty_audio": (frame(1, _start()) + frame(2), _STEPWISE, "empty_audio", 4400),
+    "frame_too_large_fragmented": (
+        frame(1, _start()) + frame(2, b"\0" * 2048, fin=False) + frame(0, b"\0" * 2050),
+        _STEPWISE,
+        "frame_too_large",
+        4400,
+    ),
+    "duration_limit": (
+        frame(1, _start()) + frame(2, b"\0" * 4096) * 9,
+        {**_STEPWISE, "read_size": 4096},
+        "duration_limit",
+        4400,
+    ),
+    "model_offline": (frame(1, _start("offline-test")), _STEPWISE, "streaming_not_supported", 4409),
+    "model_busy": (frame(1, _start("busy-test")), _STEPWISE, "model_busy", 4409),
+    "model_full": (frame(1, _start("full-test")), _STEPWISE, "connection_limit", 4429),
+    "model_unknown": (frame(1, _start("whisper-xl")), _STEPWISE, "unknown_model", 4404),
+    "model_unopenable": (frame(1, _start("unopenable-test")), _STEPWISE, "server_error", 4500),
+    "engine_broken": (
+        frame(1, _start("broken-test")) + frame(2, _SPEECH),
+        _STEPWISE,
+        "server_error",
+        4500,
+    ),
+    "second_start": (frame(1, _start()) + frame(1, _start()), _STEPWISE, "invalid_event", 4400),
+    "end_before_ready": (frame(1, _start()) + frame(1, _END), {}, "invalid_event", 4400),
+    "small_reads": (
+        frame(1, _start()) + frame(2, _SPEECH) * 4 + frame(1, _END),
+        {**_STEPWISE, "read_size": 509},
+        "end",
+        1000,
+    ),
+    "empty": (b"", {}, "peer_gone", None),
+}
+
+
 def build() -> dict[Path, bytes]:
     """Every seed file and its bytes, each checked by its harness's oracle."""
     files: dict[Path, bytes] = {}
@@ -234,6 +392,13 @@ def build() -> dict[Path, bytes]:
         if report.outcome != outcome:
             raise SystemExit(f"session seed {name}: outcome {report.outcome!r}, not {outcome!r}")
         files[CORPUS / "session" / name] = data
+    for name, (client, how, outcome, close) in WIRE_SEEDS.items():
+        data = encode_wire_input(client, **how)
+        wire = check_wire_input(data)
+        if (wire.outcome, wire.close_code) != (outcome, close):
+            got = (wire.outcome, wire.close_code)
+            raise SystemExit(f"wire seed {name}: {got}, not {(outcome, close)}")
+        files[CORPUS / "wire" / name] = data
     return files
 
 
