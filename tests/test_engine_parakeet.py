@@ -156,10 +156,10 @@ def test_a_missing_cuda_library_is_named_with_its_package() -> None:
     # The loader pointed at nothing: cuBLAS's wheel under a name that is not installed.
     message = probe(
         """
-        parakeet._CUDA_LIBRARIES = tuple(
+        parakeet.native._CUDA_LIBRARIES = tuple(
             dataclasses.replace(lib, distribution=lib.distribution + "-absent")
             if lib.soname == "libcublas.so.12" else lib
-            for lib in parakeet._CUDA_LIBRARIES
+            for lib in parakeet.native._CUDA_LIBRARIES
         )
         """
     )
@@ -174,7 +174,7 @@ def test_a_missing_cuda_library_is_named_with_its_package() -> None:
 
 
 def test_a_missing_package_is_named() -> None:
-    message = probe('parakeet.PACKAGE = "parakeet-cpp-cuda-not-installed"')
+    message = probe('parakeet.native.PACKAGE = "parakeet-cpp-cuda-not-installed"')
     assert message == (
         "UNAVAILABLE model 'nemotron-3.5-asr-0.6b' cannot load the parakeet.cpp runtime: "
         "the PyPI package parakeet-cpp-cuda-not-installed is not installed "

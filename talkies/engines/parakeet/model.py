@@ -1,73 +1,24 @@
-"""``parakeet_cpp``: NVIDIA's cache-aware streaming transducers (Nemotron streaming ASR, the
-realtime EOU model) through the parakeet.cpp runtime of the PyPI package ``parakeet-cpp-cuda``.
-
-**The runtime.** The package's Python module ``parakeet`` loads its bundled
-``libparakeet.so`` when it is imported. That library links ggml's CUDA backend, which needs
-the CUDA 12 runtime (``libcudart.so.12``), cuBLAS (``libcublas.so.12``, ``libcublasLt.so.12``)
-and NCCL (``libnccl.so.2``), shipped by NVIDIA's ``nvidia-*-cu12`` wheels, and the NVIDIA
-driver's ``libcuda.so.1``, which no wheel ships. Nothing puts the wheels' folders on the
-loader's path, so :func:`runtime` loads those libraries from the installed wheels first (the
-system's copies otherwise), then the driver, then imports ``parakeet``; the first one missing
-becomes the 4500 detail (:func:`require_runtime`). Where the driver finds no GPU, ggml falls
-back to its CPU backend; the device is parakeet.cpp's choice, not ``TALKIES_DEVICE``'s.
-
-**The API used.** ``parakeet.Model`` loads the GGUF. Streams go through the library's flat C
-API (``parakeet_capi.h``): ``stream_begin_lang``, ``stream_feed_json``,
-``stream_finalize_json``, ``stream_free``. The Python ``parakeet.Stream`` offers no word
-times; the JSON entry points (ABI 5 and later) return, per call, the newly finalised text, the
-end-of-utterance events with their times, and the words finalised with their times. They are
-bound with ctypes on the library handle the ``parakeet`` module loaded (``parakeet._ffi.lib``,
-the package's one private name used here: the functions themselves are public C API).
-
-parakeet.cpp computes every graph on one process-global ggml backend; its C API does not say
-that two threads may use it at once, so all native calls take :data:`_NATIVE_LOCK`: streams of
-one server decode one call at a time.
-
-**A stream.** Audio reaches the runtime in blocks of :data:`FEED_SAMPLES` (80 ms, one encoder
-frame) whatever the client's framing, so endpoints and finals do not depend on it. After each
-``accept`` the stream reports the text of the current utterance (a partial) when it changed:
-the runtime has no revisable hypothesis, only text it finalised, so partials grow. An
-``<EOU>`` (end of utterance) or ``<EOB>`` (end of a backchannel such as "uh-huh"; the
-decoder restarts at both) ends the utterance: an endpoint with its text. Text finalised in the
-same 80 ms block as the event but after it is counted before it (the runtime reports a
-block's text as one string). ``finish`` flushes the runtime and returns the text after the
-last endpoint.
-
-**Word times** count from the stream's first sample. The runtime times a word only once the
-next word starts (or at the end of the stream), so at an endpoint the utterance's last word
-has no times yet: the endpoint's ``words`` are the words already timed, and the late word is
-not reported. The final's words are complete. Language tags such as ``<en-us>``, which
-Nemotron is reported to append to its transcripts, are removed from text and words.
-
-**Languages.** A model with language prompts (Nemotron) accepts the tags in its GGUF prompt
-dictionary (read from the file header by :mod:`.gguf_meta`), or their primary language
-(``en-GB`` -> ``en``); no language is the model's default, ``auto`` is passed on where the
-dictionary has it. Others are refused with ``invalid_language``. A model without prompts
-decodes its one language whatever is asked.
-"""
+"""parakeet.cpp models: options, GGUF headers, loading, and the streams (see the package
+docstring)."""
 
 from __future__ import annotations
 
 import ctypes
-import importlib
-import importlib.metadata
 import json
 import logging
 import math
 import re
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from ..protocol import EngineEndpoint, EngineFinal, EnginePartial, ErrorCode, Word
-from ..protocol.messages import StartOptions
-from .base import (
+from ...protocol import EngineEndpoint, EngineFinal, EnginePartial, ErrorCode, Word
+from ...protocol.messages import StartOptions
+from ..base import (
     EngineUnavailable,
     EngineUpdate,
     LoadedModel,
@@ -77,216 +28,16 @@ from .base import (
     TranscriptionRequest,
     transcribe_recognition,
 )
-from .builtin import DEFAULT_MODEL
-from .gguf_meta import GGUFError, read_metadata
-from .registry import ModelEntry
-
-__all__ = [
-    "FEED_BYTES",
-    "FEED_SAMPLES",
-    "PACKAGE",
-    "ModelHeader",
-    "ParakeetModel",
-    "ParakeetOptions",
-    "ParakeetRecognition",
-    "RuntimeMissing",
-    "choose_language",
-    "clean_text",
-    "load",
-    "model_file",
-    "parse_words",
-    "read_header",
-    "require_runtime",
-    "runtime",
-]
+from ..gguf_meta import GGUFError, read_metadata
+from ..registry import ModelEntry
+from .native import (
+    _NATIVE_LOCK,
+    FEED_BYTES,
+    _require,
+    _Runtime,
+)
 
 log = logging.getLogger("talkies.engines")
-
-SAMPLE_RATE = 16000
-# 80 ms: one encoder frame of a FastConformer (10 ms hop, 8x subsampling).
-FEED_SAMPLES = 1280
-FEED_BYTES = 2 * FEED_SAMPLES
-PACKAGE = "parakeet-cpp-cuda"
-# The streaming JSON documents carry "events" from ABI 5 on.
-_MIN_ABI = 5
-_NATIVE_LOCK = threading.Lock()
-
-
-@dataclass(frozen=True, slots=True)
-class _Library:
-    soname: str
-    what: str
-    distribution: str  # the PyPI wheel that ships it
-    folder: str  # where in that wheel
-
-
-# In load order: each one's dependencies first.
-_CUDA_LIBRARIES = (
-    _Library(
-        "libcudart.so.12",
-        "the CUDA 12 runtime",
-        "nvidia-cuda-runtime-cu12",
-        "nvidia/cuda_runtime/lib",
-    ),
-    _Library("libcublasLt.so.12", "cuBLASLt", "nvidia-cublas-cu12", "nvidia/cublas/lib"),
-    _Library("libcublas.so.12", "cuBLAS", "nvidia-cublas-cu12", "nvidia/cublas/lib"),
-    _Library("libnccl.so.2", "NCCL", "nvidia-nccl-cu12", "nvidia/nccl/lib"),
-)
-_DRIVER = "libcuda.so.1"
-_INSTALL = "pip install 'talkies[parakeet]'"
-
-
-# -- the runtime ------------------------------------------------------------------------------
-
-
-class RuntimeMissing(Exception):
-    """The parakeet.cpp runtime cannot be loaded here; the message says what is missing."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Runtime:
-    """The ``parakeet`` module and the C functions streams use."""
-
-    module: ModuleType
-    version: str
-    abi: int
-    begin: Any  # parakeet_capi_stream_begin_lang(ctx, lang) -> stream | NULL
-    feed: Any  # parakeet_capi_stream_feed_json(stream, float*, n) -> char* | NULL
-    finalize: Any  # parakeet_capi_stream_finalize_json(stream) -> char* | NULL
-    free_stream: Any  # parakeet_capi_stream_free(stream)
-    free_string: Any  # parakeet_capi_free_string(char*)
-    last_error: Any  # parakeet_capi_last_error(ctx) -> const char*
-
-    def take(self, pointer: int | None) -> str | None:
-        """The malloc'd string at ``pointer``, freed; None for NULL."""
-        if not pointer:
-            return None
-        value = ctypes.cast(pointer, ctypes.c_char_p).value
-        self.free_string(pointer)
-        return value.decode("utf-8", "replace") if value is not None else ""
-
-    def error(self, ctx: int) -> str:
-        message = self.last_error(ctx)
-        return message.decode("utf-8", "replace") if message else "unknown error"
-
-
-def _load_cuda_library(library: _Library) -> None:
-    """Load ``library``, from its wheel if installed, else from the loader's path. Once loaded,
-    it is what the loader gives ``libggml-cuda.so`` for that name (libraries are matched by
-    soname), so no global symbol scope is needed."""
-    try:
-        wheel = importlib.metadata.distribution(library.distribution)
-    except importlib.metadata.PackageNotFoundError:
-        wheel = None
-    if wheel is not None:
-        path = Path(str(wheel.locate_file(f"{library.folder}/{library.soname}")))
-        if path.is_file():
-            try:
-                ctypes.CDLL(str(path))
-                return
-            except OSError as exc:
-                raise RuntimeMissing(
-                    f"{library.soname} ({library.what}) failed to load: {exc}"
-                ) from exc
-    try:
-        ctypes.CDLL(library.soname)
-    except OSError:
-        raise RuntimeMissing(
-            f"{library.soname} ({library.what}) is missing: {PACKAGE} needs it from the PyPI "
-            f"package {library.distribution} ({_INSTALL})"
-        ) from None
-
-
-def _bind(lib: Any, name: str, restype: Any, *argtypes: Any) -> Any:
-    # lib[name] makes a new function object: the module's own bindings are left alone.
-    function = lib[name]
-    function.restype, function.argtypes = restype, list(argtypes)
-    return function
-
-
-def _load_runtime() -> _Runtime:
-    try:
-        version = importlib.metadata.version(PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        raise RuntimeMissing(f"the PyPI package {PACKAGE} is not installed ({_INSTALL})") from None
-    for library in _CUDA_LIBRARIES:
-        _load_cuda_library(library)
-    try:
-        ctypes.CDLL(_DRIVER)
-    except OSError:
-        raise RuntimeMissing(
-            f"{_DRIVER} (the NVIDIA driver) is missing: {PACKAGE} needs an NVIDIA GPU and its "
-            "driver, even to decode on the CPU"
-        ) from None
-    try:
-        module = importlib.import_module("parakeet")
-    except OSError as exc:
-        # The package's message lists each library it tried, one per line.
-        detail = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        raise RuntimeMissing(f"{PACKAGE} {version} could not load its library: {detail}") from exc
-    except ImportError as exc:
-        raise RuntimeMissing(f"{PACKAGE} {version} is broken: {exc}") from exc
-    abi = int(module.abi_version())
-    lib = getattr(getattr(module, "_ffi", None), "lib", None)
-    if abi < _MIN_ABI or lib is None or not hasattr(lib, "parakeet_capi_stream_feed_json"):
-        raise RuntimeMissing(
-            f"{PACKAGE} {version} (libparakeet ABI {abi}) lacks the streaming JSON API "
-            f"(ABI {_MIN_ABI} or later; {PACKAGE}==0.2.2 has it)"
-        )
-    void_p, char_p, float_p = ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_float)
-    return _Runtime(
-        module=module,
-        version=version,
-        abi=abi,
-        begin=_bind(lib, "parakeet_capi_stream_begin_lang", void_p, void_p, char_p),
-        feed=_bind(lib, "parakeet_capi_stream_feed_json", void_p, void_p, float_p, ctypes.c_int),
-        finalize=_bind(lib, "parakeet_capi_stream_finalize_json", void_p, void_p),
-        free_stream=_bind(lib, "parakeet_capi_stream_free", None, void_p),
-        free_string=_bind(lib, "parakeet_capi_free_string", None, void_p),
-        last_error=_bind(lib, "parakeet_capi_last_error", char_p, void_p),
-    )
-
-
-class _Once:
-    """The outcome of the one attempt to load the runtime: the runtime or why not. A failure
-    is kept: the libraries already loaded stay loaded, and a second attempt would only repeat
-    it."""
-
-    lock = threading.Lock()
-    loaded: _Runtime | None = None
-    missing: str | None = None
-
-
-def runtime() -> _Runtime:
-    """The loaded runtime, loading it on first use; :class:`RuntimeMissing` if it cannot be."""
-    with _Once.lock:
-        if _Once.loaded is None:
-            if _Once.missing is not None:
-                raise RuntimeMissing(_Once.missing)
-            try:
-                _Once.loaded = _load_runtime()
-            except RuntimeMissing as exc:
-                _Once.missing = str(exc)
-                raise
-        return _Once.loaded
-
-
-def _require(entry: ModelEntry) -> _Runtime:
-    try:
-        return runtime()
-    except RuntimeMissing as exc:
-        raise EngineUnavailable(
-            f"model {entry.slug!r} cannot load the parakeet.cpp runtime: {exc}. "
-            f"Use {DEFAULT_MODEL!r} here, which works offline"
-        ) from None
-
-
-def require_runtime(entry: ModelEntry) -> str:
-    """The runtime's version, or :class:`EngineUnavailable` naming what is missing (the pool
-    asks before it fetches a model's files)."""
-    loaded = _require(entry)
-    return f"{PACKAGE} {loaded.version} (libparakeet ABI {loaded.abi})"
-
 
 # -- configuration ------------------------------------------------------------------------------
 
@@ -580,7 +331,6 @@ class ParakeetRecognition:
         self._text = ""  # what the runtime finalised since the last endpoint (raw)
         self._timed: list[Word] = []  # the words of that text the runtime has timed
         self._since = 0.0  # when the current utterance began (the last boundary), seconds
-        self._partial = ""  # the partial text last reported
 
     def _native(self) -> int:
         if self._closed:
@@ -626,7 +376,7 @@ class ParakeetRecognition:
                 words = [w for w in self._timed if w.start < boundary] if self._words else []
                 out.append(EngineEndpoint(text=text, words=tuple(words)))
             self._timed = [w for w in self._timed if w.start >= boundary]
-            self._text, self._since, self._partial = "", boundary, ""
+            self._text, self._since = "", boundary
 
     def accept(self, pcm: bytes) -> Sequence[EngineUpdate]:
         self._pending += pcm
@@ -636,12 +386,11 @@ class ParakeetRecognition:
             block = _samples(self._pending[offset : offset + FEED_BYTES])
             self._absorb(self._call(block), out)
         del self._pending[:whole]
-        if self._partials:
-            text = clean_text(self._text)
-            if text != self._partial:
-                self._partial = text
-                words = tuple(self._timed) if self._words else ()
-                out.append(EnginePartial(text=text, words=words))
+        if self._partials and whole:
+            # After every decoded block, as it stands: dropping a partial that did not change
+            # (or an empty one) is the protocol session's job alone (docs/architecture.md).
+            words = tuple(self._timed) if self._words else ()
+            out.append(EnginePartial(text=clean_text(self._text), words=words))
         return out
 
     def finish(self) -> EngineFinal:
