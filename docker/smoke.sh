@@ -272,7 +272,7 @@ phase "SIGTERM with a stream open"
 "$PY" docker/smoke_check.py hold "$BASE" >"$WORK/hold.out" 2>&1 &
 HOLDER=$!
 for _ in $(seq 1 100); do
-    grep -q '^ready' "$WORK/hold.out" && break
+    grep -qs '^ready' "$WORK/hold.out" && break  # -s: the file may not be there yet
     kill -0 "$HOLDER" 2>/dev/null || break
     sleep 0.1
 done
@@ -287,7 +287,10 @@ EXIT_CODE=$(docker inspect -f '{{.State.ExitCode}}' "$CONTAINER")
 say "stopped in $STOP_TOOK s (grace $GRACE s); held stream: $(tail -n 1 "$WORK/hold.out"); exit status $EXIT_CODE"
 ((HOLD_STATUS == 0)) || die "the held stream did not get a 1001 close: $(cat "$WORK/hold.out")"
 [[ $EXIT_CODE == 0 ]] || die "the container exited with status $EXIT_CODE after SIGTERM"
-docker logs "$CONTAINER" 2>&1 | grep -q 'shutting down' || die "the server did not log its shutdown"
+# Not `docker logs | grep -q`: grep quits at its first match, docker logs then dies of SIGPIPE,
+# and pipefail turns that into a failure.
+LOGS=$(docker logs "$CONTAINER" 2>&1)
+grep -q 'shutting down' <<<"$LOGS" || die "the server did not log its shutdown"
 
 phase ""
 say "smoke: PASSED: image $IMAGE $SIZE_MB MB; $(since "$STARTED_AT") s in all"

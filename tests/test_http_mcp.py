@@ -230,7 +230,7 @@ def test_bad_input_is_a_tool_error(host: HttpHost, clips: dict[str, Path]) -> No
         async with _mcp(host) as client:
             results = [await client.call_tool("transcribe", args) for args, _, _ in cases]
             with pytest.raises(MCPError) as unknown:
-                await client.call_tool("speak", {"input": "hello"})
+                await client.call_tool("sing", {"input": "hello"})
             # The server is still well afterwards.
             models = await client.call_tool("list_models", {})
             return results, unknown.value, models
@@ -241,7 +241,7 @@ def test_bad_input_is_a_tool_error(host: HttpHost, clips: dict[str, Path]) -> No
         assert error["status"] == status, (args, error)
         assert marker in (error["code"] or "") or marker in error["message"], (args, error)
         assert "Traceback" not in error["message"]
-    assert unknown.code == -32602 and "speak" in unknown.message
+    assert unknown.code == -32602 and "sing" in unknown.message
     assert not models.is_error
     assert not (host.data_dir / "escape.wav").exists()
     assert not list((host.data_dir / "tmp").glob("mcp-*"))  # base64 audio is not left behind
