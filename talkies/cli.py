@@ -4,6 +4,7 @@ running server); ``models list|pull|import-ct2``."""
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -90,6 +91,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+# How long `serve` waits, after the grace period and the closing of streams, for the models
+# to be unloaded before it exits anyway.
+_UNLOAD_SECONDS = 10.0
+
+
 class _Problem(Exception):
     """Something the user must fix; printed as one line, exit status 2."""
 
@@ -137,12 +143,17 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
                     log.info("shutting down", extra={"signal": signal.Signals(signum).name})
                     await server.shutdown(args.grace)
                     break
-            tg.cancel_scope.cancel()
+            # serve() returns once the app's lifespan has ended (models unloaded). Bounded: a
+            # model's close may wait for work that never ends.
+            tg.cancel_scope.deadline = anyio.current_time() + _UNLOAD_SECONDS
 
     try:
         anyio.run(run)
     except* ListenError as group:
         raise _Problem(str(group.exceptions[0])) from None
+    # The interpreter's last garbage collections would walk every object the models left
+    # (seconds with torch loaded, after the grace period): nothing is left to collect.
+    gc.freeze()
     return 0
 
 

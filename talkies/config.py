@@ -352,6 +352,8 @@ _VARS: tuple[_Var, ...] = (
     ),
     _duration_var("TALKIES_STREAM_IDLE_TIMEOUT", "stream_idle_timeout", 1.0, 3600.0),
     _duration_var("TALKIES_STREAM_MAX_DURATION", "stream_max_duration", 1.0, 86_400.0),
+    # One decode call (accept/finish/decode_many) running longer fails its streams (4500).
+    _duration_var("TALKIES_DECODE_TIMEOUT", "decode_timeout", 1.0, 3600.0),
     _Var("TALKIES_AUTH_TOKEN", "auth_token", _text, _check_token, secret=True),
     _Var("TALKIES_DEVICE", "device", _text, _check_device),
     _Var("TALKIES_MODELS_FILE", "models_file", _path, _check_models_file),
@@ -448,6 +450,7 @@ class Settings:
     stream_max_buffer_seconds: float = 5.0
     stream_idle_timeout: float = 30.0
     stream_max_duration: float = 14_400.0
+    decode_timeout: float = 30.0
     # repr=False: the token must never reach logs via repr() of the settings.
     auth_token: str | None = field(default=None, repr=False)
     device: str = "auto"
@@ -477,6 +480,7 @@ class Settings:
             "stream_max_buffer_seconds",
             "stream_idle_timeout",
             "stream_max_duration",
+            "decode_timeout",
             "model_ttl",
         ):
             value = getattr(self, name)

@@ -446,6 +446,7 @@ class ModelPool:
             raise EngineUnavailable(f"model {entry.slug!r} could not be loaded: {exc}") from exc
         if isinstance(model, RecognitionModel):
             model.rounds.label = entry.slug  # the model label of its decode-round times
+            model.rounds.timeout = self.settings.decode_timeout  # TALKIES_DECODE_TIMEOUT
         self._loaded_in(entry, time.monotonic() - began)
         return model
 

@@ -28,6 +28,13 @@ Every live stream of every engine runs here (``shared/design.md``, "One engine r
   batched call serves them all rather than the first one alone.
 - **Opening.** A stream's recognition is created in a worker thread (:meth:`DecodeRounds.open`):
   a Vosk recognizer takes ~70 ms, which on the event loop would stall every connection.
+- **Deadline.** A decode call (``accept``, ``finish``, ``decode_many``) that has not returned
+  after ``timeout`` seconds (``TALKIES_DECODE_TIMEOUT``, 30 s) is given up on: its streams get
+  an EngineFailed (4500 ``server_error``), so their slots are freed and their clients
+  answered; the round's other streams get their results (calls that returned) or their work
+  back (calls not yet made), and the model's other rounds go on in fresh threads. The hung
+  thread keeps the recognitions of that call and closes them when the call finally returns;
+  they are never used again. Python cannot stop a thread, so it is abandoned, not killed.
 
 The runtime passes events through as the decoders report them: dropping unchanged partials
 and empty endpoints is the protocol session's job alone (``docs/protocol.md``).
@@ -50,15 +57,17 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 
-from ..protocol import EngineFailed, EngineFinal
 from ..metrics import DECODE_ROUND_SECONDS
+from ..protocol import EngineFailed, EngineFinal
 from .base import EngineEvent, Recognition, Work
 
-__all__ = ["DecodeRounds", "ThreadedStream"]
+__all__ = ["DEFAULT_DECODE_TIMEOUT", "DecodeRounds", "ThreadedStream"]
 
 log = logging.getLogger("talkies.engines")
 
 _DECODE_FAILED = "the speech engine failed while decoding"
+# How long one decode call may take before its streams fail (TALKIES_DECODE_TIMEOUT).
+DEFAULT_DECODE_TIMEOUT = 30.0
 # A round thread with nothing to do for this long ends: an idle or unloaded model keeps none.
 _IDLE_SECONDS = 10.0
 
@@ -70,6 +79,27 @@ _SPLIT_SECONDS = 0.001
 _Callback = Callable[[], None]
 _Wake = Callable[[_Callback], None]
 _Done = Callable[[float], None]
+
+
+class _Round:
+    """One round in flight, shared by the event loop and its round thread.
+
+    The thread takes the round in steps (one stream's ``accept``/``finish``, or one
+    ``decode_many`` call), recording under ``lock`` which step runs since when. The deadline
+    check (:meth:`DecodeRounds._watch`) reads that under the same lock and may give the round
+    up (``abandoned``): from then on the thread makes no further call, and the works of the
+    step it is in are its own to close.
+    """
+
+    __slots__ = ("abandoned", "batch", "current", "finished", "lock", "step_started")
+
+    def __init__(self, batch: list[tuple[ThreadedStream, Work]]) -> None:
+        self.batch = batch
+        self.lock = threading.Lock()
+        self.current: Sequence[Work] = ()  # the works of the call in progress
+        self.step_started = 0.0  # time.monotonic() when it began
+        self.finished: set[Work] = set()  # works whose calls returned
+        self.abandoned = False
 
 
 def _waker(token: anyio.lowlevel.EventLoopToken) -> _Wake:
@@ -120,12 +150,12 @@ class _RoundThreads:
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._jobs: queue.SimpleQueue[tuple[Sequence[Work], _Done]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[_Round, _Done]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._idle = 0  # threads waiting for a job, less the jobs queued for them
         self._started = 0
 
-    def submit(self, batch: Sequence[Work], done: _Done) -> None:
+    def submit(self, batch: _Round, done: _Done) -> None:
         """Decode ``batch`` in a round thread, then call ``done(seconds it took)`` there."""
         with self._lock:
             if self._idle:
@@ -151,7 +181,7 @@ class _RoundThreads:
                 _decode_round(batch)
             except BaseException:  # the decoders' own errors are caught inside
                 log.exception("engine decode round failed")
-                for work in batch:
+                for _, work in batch.batch:
                     work.events.append(EngineFailed(detail=_DECODE_FAILED))
                     work.more = False
             took = time.perf_counter() - started
@@ -160,24 +190,32 @@ class _RoundThreads:
             done(took)
 
 
-def _decode_round(batch: Sequence[Work]) -> None:
+def _decode_round(round_: _Round) -> None:
     """Round thread: every stream of the round; a failure is its stream's alone (or its
-    batched call's)."""
+    batched call's). Each call is a step the deadline check can see (:class:`_Round`)."""
     groups: dict[type, list[Work]] = {}
-    for work in batch:
+    for _, work in round_.batch:
         if callable(getattr(work.recognition, "decode_many", None)):
             groups.setdefault(type(work.recognition), []).append(work)
             continue
+        if not _begin(round_, (work,)):
+            return
         recognition = work.recognition
         try:
             if work.pcm:
                 work.events.extend(recognition.accept(work.pcm))
             if work.finish:
+                if work.pcm and not _renew(round_):
+                    return
                 work.events.append(recognition.finish())
         except Exception:
             log.exception("engine failed while decoding")
             work.events.append(EngineFailed(detail=_DECODE_FAILED))
+        if not _end(round_):
+            return
     for items in groups.values():
+        if not _begin(round_, items):
+            return
         try:
             items[0].recognition.decode_many(items)  # type: ignore[attr-defined]
         except Exception:
@@ -185,6 +223,52 @@ def _decode_round(batch: Sequence[Work]) -> None:
             for work in items:
                 work.events.append(EngineFailed(detail=_DECODE_FAILED))
                 work.more = False
+        if not _end(round_):
+            return
+
+
+def _begin(round_: _Round, works: Sequence[Work]) -> bool:
+    """Round thread: about to call the decoders of ``works``; False if the round was given up
+    (the works not yet decoded went back to their streams)."""
+    with round_.lock:
+        if round_.abandoned:
+            return False
+        round_.current = works
+        round_.step_started = time.monotonic()
+        return True
+
+
+def _end(round_: _Round) -> bool:
+    """Round thread: the call of the current step returned. If the deadline passed meanwhile,
+    its streams have failed and their recognitions are this thread's to close; False then."""
+    with round_.lock:
+        works, round_.current = round_.current, ()
+        if not round_.abandoned:
+            round_.finished.update(works)
+            return True
+    _close_abandoned(works)
+    return False
+
+
+def _renew(round_: _Round) -> bool:
+    """Round thread: between a stream's ``accept`` and ``finish``, each call has a deadline of
+    its own; False (and the recognition closed) if the first one passed it."""
+    with round_.lock:
+        if not round_.abandoned:
+            round_.step_started = time.monotonic()
+            return True
+        works, round_.current = round_.current, ()
+    _close_abandoned(works)
+    return False
+
+
+def _close_abandoned(works: Sequence[Work]) -> None:
+    for work in works:
+        try:
+            work.recognition.close()
+        except Exception:
+            log.exception("engine failed to close a stream")
+    log.warning("a decode call that passed its deadline returned; its streams are closed")
 
 
 class DecodeRounds:
@@ -193,9 +277,20 @@ class DecodeRounds:
     Everything but the decoding itself happens on the event loop, in callbacks.
     """
 
-    def __init__(self, parallel: int | None = None, *, gather: float = 0.0) -> None:
+    def __init__(
+        self,
+        parallel: int | None = None,
+        *,
+        gather: float = 0.0,
+        timeout: float = DEFAULT_DECODE_TIMEOUT,
+    ) -> None:
         self.parallel = max(1, parallel if parallel is not None else (os.cpu_count() or 1))
         self.gather = max(0.0, gather)
+        # Seconds one decode call may take (TALKIES_DECODE_TIMEOUT; the pool sets it).
+        self.timeout = timeout
+        self._rounds: set[_Round] = set()  # in flight
+        self._watching: _Callback | None = None  # the deadline check's timer, if set
+        self._watch_at = 0.0  # when it fires
         self._threads = _RoundThreads("engine-round")
         self._ready: deque[ThreadedStream] = deque()
         self._running = 0
@@ -204,6 +299,7 @@ class DecodeRounds:
         self._gather_until = 0.0
         self._stream_seconds = 0.0  # recent decoding time per stream and round
         self.rounds = 0  # rounds run, for tests and benchmarks
+        self.abandoned = 0  # rounds given up at the deadline, for tests
         self.label = ""  # the model's slug: the ``model`` label of the round-time histogram
 
     @property
@@ -288,24 +384,88 @@ class DecodeRounds:
     def _submit(self, batch: list[tuple[ThreadedStream, Work]]) -> None:
         self._running += 1
         self.rounds += 1
+        round_ = _Round(batch)
+        self._rounds.add(round_)
+        if self._watching is None or time.monotonic() > self._watch_at + 1.0:
+            # (a check whose loop has gone never runs: one overdue by a second is replaced)
+            self._watch_later(batch[0][0]._token(), self.timeout)
         wake = batch[0][0]._wake_loop
 
         def done(seconds: float) -> None:  # in the round thread
-            wake(lambda: self._finished(batch, seconds))
+            wake(lambda: self._finished(round_, seconds))
 
-        self._threads.submit([work for _, work in batch], done)
+        self._threads.submit(round_, done)
 
-    def _finished(self, batch: list[tuple[ThreadedStream, Work]], seconds: float) -> None:
+    def _finished(self, round_: _Round, seconds: float) -> None:
+        if round_.abandoned:
+            return  # given up at the deadline: its streams were settled then
+        self._rounds.discard(round_)
         self._running -= 1
+        batch = round_.batch
         DECODE_ROUND_SECONDS.labels(self.label).observe(seconds)
         self._stream_seconds += (seconds / len(batch) - self._stream_seconds) / 4  # recent
         for stream, work in batch:
             stream._settle(work)
+        self._next(batch)
+
+    def _next(self, batch: list[tuple[ThreadedStream, Work]]) -> None:
         for stream, _ in batch:
             self._enqueue(stream)  # a backlog (Work.more) or audio that came meanwhile
         # Straight on, without gathering: the model is not coming out of idle.
         if self._ready and self._running < self.parallel and self._gathering is None:
             self._start()
+
+    # -- the decode deadline ----------------------------------------------------------------
+
+    def _watch_later(self, token: anyio.lowlevel.EventLoopToken, delay: float) -> None:
+        self._watch_at = time.monotonic() + delay
+        self._watching = _later(token, delay, self._watch)
+
+    def _watch(self) -> None:
+        """The deadline check, on the event loop: give up every round whose current call has
+        run ``timeout`` seconds; come back when the next one could have. One timer per model,
+        not per round: it lapses once no round is in flight."""
+        self._watching = None
+        now = time.monotonic()
+        due = now + self.timeout
+        for round_ in list(self._rounds):
+            with round_.lock:
+                running = bool(round_.current)
+                started = round_.step_started
+                late = running and now - started >= self.timeout
+                if late:
+                    round_.abandoned = True
+                    hung = round_.current
+                    finished = set(round_.finished)
+            if late:
+                self._abandon(round_, hung, finished)
+            elif running:
+                due = min(due, started + self.timeout)
+        if self._rounds:
+            token = next(iter(self._rounds)).batch[0][0]._token()
+            self._watch_later(token, max(0.001, due - now))
+
+    def _abandon(self, round_: _Round, hung: Sequence[Work], finished: set[Work]) -> None:
+        """``round_``'s thread is stuck in a call on ``hung``: those streams fail now, the
+        others get their results or their work back, and the model's rounds go on without
+        that thread."""
+        self._rounds.discard(round_)
+        self._running -= 1
+        self.abandoned += 1
+        stuck = set(hung)
+        log.error(
+            "engine decode call passed its deadline",
+            extra={"model": self.label, "seconds": self.timeout, "streams": len(stuck)},
+        )
+        detail = f"the speech engine did not answer within {self.timeout:g} s"
+        for stream, work in round_.batch:
+            if work in stuck:
+                stream._abandon(detail)
+            elif work in finished:
+                stream._settle(work)
+            else:
+                stream._give_back(work)
+        self._next(round_.batch)
 
 
 class ThreadedStream:
@@ -335,6 +495,7 @@ class ThreadedStream:
         self._closed = False
         self._queued = False  # in the model's ready list
         self._busy = False  # inside a round
+        self._abandoned = False  # its recognition stayed with a hung round thread
         self._loop_token: anyio.lowlevel.EventLoopToken | None = None
         self._wake_loop: _Wake = _ignore
         self._outbox: deque[EngineEvent] = deque()
@@ -396,6 +557,28 @@ class ThreadedStream:
         if work.events or self._closed:
             self._signal.set()
 
+    def _abandon(self, detail: str) -> None:
+        """Its decode call passed the deadline: fail, and leave the recognition to the round
+        thread that holds it (closed when the call returns, never used again)."""
+        self._busy = False
+        self._abandoned = True
+        self._ended = True
+        self._more = False
+        self._outbox.append(EngineFailed(detail=detail))
+        self._idle.set()
+        self._signal.set()
+
+    def _give_back(self, work: Work) -> None:
+        """Its round was given up before its turn: the work goes back to the front of the
+        queue, as if never claimed."""
+        self._busy = False
+        if work.pcm:
+            self._pending.appendleft(work.pcm)
+            self._pending_bytes += len(work.pcm)
+        if work.finish:
+            self._finish_given = False
+        self._idle.set()
+
     # -- the event loop's side ----------------------------------------------------------------
 
     async def feed(self, pcm: bytes) -> None:
@@ -441,7 +624,9 @@ class ThreadedStream:
         # Shielded: closing native resources must complete even if our caller is cancelled,
         # and must wait for a round that is using this decoder, never run beside it.
         with anyio.CancelScope(shield=True):
-            await self._idle.wait()
+            await self._idle.wait()  # bounded by the decode deadline
+            if self._abandoned:
+                return  # the hung round thread closes it when its call returns
             try:
                 await anyio.to_thread.run_sync(self._rec.close)
             except Exception:

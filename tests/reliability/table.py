@@ -18,7 +18,7 @@ from typing import Any
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "reliability.md"
 SECTION = "## Hostile input"
-HOSTS = ("in-process", "standalone", "uvicorn", "both", "asgi", "module", "reference")
+HOSTS = ("in-process", "standalone", "uvicorn", "both", "asgi", "module", "reference", "process")
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,10 @@ _CLAUSES: list[tuple[str, Callable[[re.Match[str]], tuple[str, Callable[[Any], b
         lambda m: ("close", _all_in({(int(m[1]), m[2] or "—")})),
     ),
     (r"closed ≤ ([\d.]+) s", lambda m: ("closed_s", lambda s: s <= _number(m[1]))),
+    (
+        r"closed between ([\d.]+) and ([\d.]+) s",
+        lambda m: ("closed_s", lambda s: _number(m[1]) <= s <= _number(m[2])),
+    ),
     (r"open ≥ ([\d.]+) s", lambda m: ("open_s", lambda s: s >= _number(m[1]))),
     (
         r"others served ≤ ([\d.]+) s",
@@ -68,6 +72,16 @@ _CLAUSES: list[tuple[str, Callable[[re.Match[str]], tuple[str, Callable[[Any], b
     ),
     (r"stream served", lambda m: ("stream_served", lambda v: v is True)),
     (r"survives", lambda m: ("survives", lambda v: v is True)),
+    (r"slots freed", lambda m: ("slots_freed", lambda v: v is True)),
+    (r"models unloaded", lambda m: ("unloaded", lambda v: v is True)),
+    (
+        r"(finished in grace|dropped at grace): ([\w-]+(?:, [\w-]+)*)",
+        lambda m: (m[1].split()[0], lambda v: v == set(m[2].split(", "))),
+    ),
+    (
+        r"exit (\d+) ≤ ([\d.]+) s",
+        lambda m: ("exit", lambda v: v[0] == int(m[1]) and v[1] <= _number(m[2])),
+    ),
     (r"accepted", lambda m: ("accepted", lambda v: v is True)),
     (r"nothing left behind", lambda m: ("left_behind", lambda v: v == [])),
     (r"nothing leaked", lambda m: ("leaked", lambda v: v == [])),
@@ -106,10 +120,12 @@ def parse_outcome(cell: str) -> list[Clause]:
     return clauses
 
 
-def rows(doc: Path = DOC) -> list[Row]:
+def rows(doc: Path = DOC, heading: str = SECTION) -> list[Row]:
+    """The rows of the table under ``heading`` (the hostile-input table, or another one
+    written the same way: the Faults table)."""
     text = doc.read_text(encoding="utf-8")
-    section = text[text.index(SECTION) :]
-    end = section.find("\n## ", len(SECTION))
+    section = text[text.index(heading) :]
+    end = section.find("\n## ", len(heading))
     section = section if end < 0 else section[:end]
     out = []
     for line in section.splitlines():

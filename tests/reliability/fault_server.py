@@ -1,0 +1,78 @@
+"""``talkies serve`` over a registry of fault test doubles, for the Faults table of
+docs/reliability.md: ``python -m tests.reliability.fault_server [serve options]``.
+
+The command line, signal handling, grace period and lifespan are the product's own
+(``talkies.cli.main``); only the registry differs from ``talkies serve``'s (the pool is built
+by ``ModelPool.from_settings``, replaced here). Settings come from ``TALKIES_*`` as usual
+(the tests set a short ``TALKIES_DECODE_TIMEOUT``). Models:
+
+- ``energy-test``: the energy recognizer of tests/fake_engine.py, behind the real runtime and
+  pool (streams and file transcriptions);
+- ``hang-test``: the energy recognizer, whose decode call on audio holding ``POISON`` blocks
+  for 60 s (tests/fault_engines.py);
+- ``raise-test``: the same, but that call raises;
+- ``slow-test``: the energy recognizer, 1 s to open a stream and 1 s to flush one;
+- ``qwen3-tiny-short``, ``qwen3-tiny-long``: the tiny random-weight Qwen3-TTS of
+  tests/modelgen/qwen3.py, made in ``<data dir>/qwen3-tiny`` by the test; 32 and 300 codec
+  steps an utterance (2.6 s and 24 s of PCM, streamed as it is made).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import MappingProxyType
+
+from talkies import cli
+from talkies.config import Settings
+from talkies.engines import pool as pool_module
+from talkies.engines.base import LoadedModel
+from talkies.engines.registry import ModelEntry
+
+from ..fake_engine import EnergyFileModel
+from ..fault_engines import HangModel, RaiseModel, SlowModel
+
+POISON = b"FAULT-TEST"  # audio holding these bytes makes hang-test hang, raise-test raise
+HANG_SECONDS = 60.0  # how long a hung call blocks (its thread is a daemon: exit never waits)
+DOUBLES = ("energy-test", "hang-test", "raise-test", "slow-test")
+
+
+def registry(settings: Settings) -> dict[str, ModelEntry]:
+    here = Path(settings.data_dir)
+    models = {
+        slug: ModelEntry(slug=slug, executor="vosk", path=here, max_concurrency=4)
+        for slug in DOUBLES
+    }
+    for slug, steps in (("qwen3-tiny-short", 32), ("qwen3-tiny-long", 300)):
+        greedy = {"do_sample": False, "subtalker_dosample": False, "max_new_tokens": steps + 1}
+        models[slug] = ModelEntry(
+            slug=slug,
+            executor="qwen3_tts",
+            path=here / "qwen3-tiny",
+            max_concurrency=1,
+            options=MappingProxyType({"generation": greedy}),
+        )
+    return models
+
+
+def loader(entry: ModelEntry, root: Path, device: str) -> LoadedModel:
+    if entry.slug == "hang-test":
+        return HangModel(poison=POISON, limit=HANG_SECONDS)
+    if entry.slug == "raise-test":
+        return RaiseModel(poison=POISON)
+    if entry.slug == "slow-test":
+        return SlowModel(open_delay=1.0, finish_delay=1.0)
+    return EnergyFileModel()
+
+
+def _pool(settings: Settings) -> pool_module.ModelPool:
+    return pool_module.ModelPool(registry(settings), settings, loader=loader, validate=False)
+
+
+def main() -> int:
+    pool_module.ModelPool.from_settings = staticmethod(_pool)  # type: ignore[method-assign]
+    return cli.main(["serve", *sys.argv[1:]])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
