@@ -23,7 +23,7 @@ if ((${#missing[@]})); then
 fi
 
 [[ -x .venv/bin/python ]] || python3 -m venv .venv
-.venv/bin/python -m pip install -q -e '.[dev]'
+.venv/bin/python -m pip install -q -e '.[dev,bench]'
 # Qwen3-TTS's package, without the gradio and CUDA torchaudio its metadata asks for (the qwen3
 # extra above holds what it really needs; see pyproject.toml).
 .venv/bin/python -m pip install -q --no-deps qwen-tts==0.1.1

@@ -1,0 +1,73 @@
+"""bench/report.py renders a table and plots from a record (no benchmark is run here)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import report  # noqa: E402
+
+
+def _record() -> dict[str, Any]:
+    quantiles = [i / 200 * 0.05 for i in range(201)]
+    paced_rows = [
+        {"server": kind, "streams": n, "p99": 0.01 * n / 100, "quantiles": quantiles}
+        for n in (50, 100)
+        for kind in ("talkies", "bare")
+    ]
+    tts = {"first_over_total": [0.2], "first_over_audio": [0.05], "rtf": [0.3]}
+    return {
+        "date": "2026-01-01",
+        "quick": True,
+        "command": "bench/report.py --quick",
+        "total_seconds": 12.0,
+        "machine": report.machine(),
+        "loadavg_before": [0.1, 0.1, 0.1],
+        "loadavg_after": [0.2, 0.1, 0.1],
+        "sections": {
+            "ingest": {
+                "best": {"talkies": 2.0, "bare": 2.1},
+                "ratios": {"talkies/bare": 0.95},
+                "other_load_cores": 0.0,
+            },
+            "paced": {"rows": paced_rows, "period": 0.02, "ratios": {"p99 talkies/bare N=50": 1}},
+            "batching": {"ratios": {"batched / per-stream, as fast as possible": 3.5}},
+            "vosk": {"error": "section vosk failed (1)", "other_load_cores": 0.1},
+            "http": {"ratios": {"route / direct transcribe, x": 1.1}, "tts": {"tiny": tts}},
+            "load": {
+                "result": {
+                    "engines": {
+                        "vosk-ko": {"max_streams": 6, "first_failed": 8, "rss_per_stream_mb": 9.5}
+                    }
+                }
+            },
+        },
+    }
+
+
+def test_every_section_has_quick_and_full_parameters() -> None:
+    for quick in (True, False):
+        assert set(report.parameters(quick, None)) == set(report.ORDER)
+
+
+def test_markdown_lists_every_ratio_and_failure() -> None:
+    text = report.markdown(_record(), "2026-01-01-quick")
+    assert "| ingest | talkies/bare | 0.95x | 0.0 |" in text
+    assert "| vosk | failed: section vosk failed (1) |" in text
+    assert "[2026-01-01-quick.json](2026-01-01-quick.json)" in text
+    assert "| vosk-ko | 6 | 8 | 9.5 |" in text
+
+
+def test_plots_are_written(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    made = report.plots(_record(), tmp_path, "stem")
+    assert "stem-latency-cdf.png" in made and "stem-streams-p99.png" in made
+    assert "stem-tts-first-audio.png" in made
+    for name in made:
+        assert (tmp_path / name).stat().st_size > 1000
