@@ -59,6 +59,7 @@ import anyio.to_thread
 
 from ..metrics import DECODE_ROUND_SECONDS
 from ..protocol import EngineFailed, EngineFinal
+from . import memory
 from .base import EngineEvent, Recognition, Work
 
 __all__ = ["DEFAULT_DECODE_TIMEOUT", "DecodeRounds", "ThreadedStream"]
@@ -628,9 +629,16 @@ class ThreadedStream:
             if self._abandoned:
                 return  # the hung round thread closes it when its call returns
             try:
-                await anyio.to_thread.run_sync(self._rec.close)
+                await anyio.to_thread.run_sync(_close, self._rec)
             except Exception:
                 log.exception("engine failed to close a stream")
+
+
+def _close(recognition: Recognition) -> None:
+    """Worker thread: free a stream's decoder, then give the memory it held back to the
+    system (:mod:`talkies.engines.memory`)."""
+    recognition.close()
+    memory.release()
 
 
 def _ignore(callback: _Callback) -> None:
