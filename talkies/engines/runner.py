@@ -46,7 +46,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import queue
 import threading
 import time
 from collections import deque
@@ -61,16 +60,17 @@ from ..metrics import DECODE_ROUND_SECONDS
 from ..protocol import EngineFailed, EngineFinal
 from . import memory
 from .base import EngineEvent, Recognition, Work
+from .rounds import (
+    _Round,
+    _RoundThreads,
+)
 
 __all__ = ["DEFAULT_DECODE_TIMEOUT", "DecodeRounds", "ThreadedStream"]
 
 log = logging.getLogger("talkies.engines")
 
-_DECODE_FAILED = "the speech engine failed while decoding"
 # How long one decode call may take before its streams fail (TALKIES_DECODE_TIMEOUT).
 DEFAULT_DECODE_TIMEOUT = 30.0
-# A round thread with nothing to do for this long ends: an idle or unloaded model keeps none.
-_IDLE_SECONDS = 10.0
 
 # Decoding time per stream per round above which the ready streams are shared between the
 # free round threads rather than given to one: a thread hop costs ~50 us, so a null engine
@@ -79,28 +79,6 @@ _SPLIT_SECONDS = 0.001
 
 _Callback = Callable[[], None]
 _Wake = Callable[[_Callback], None]
-_Done = Callable[[float], None]
-
-
-class _Round:
-    """One round in flight, shared by the event loop and its round thread.
-
-    The thread takes the round in steps (one stream's ``accept``/``finish``, or one
-    ``decode_many`` call), recording under ``lock`` which step runs since when. The deadline
-    check (:meth:`DecodeRounds._watch`) reads that under the same lock and may give the round
-    up (``abandoned``): from then on the thread makes no further call, and the works of the
-    step it is in are its own to close.
-    """
-
-    __slots__ = ("abandoned", "batch", "current", "finished", "lock", "step_started")
-
-    def __init__(self, batch: list[tuple[ThreadedStream, Work]]) -> None:
-        self.batch = batch
-        self.lock = threading.Lock()
-        self.current: Sequence[Work] = ()  # the works of the call in progress
-        self.step_started = 0.0  # time.monotonic() when it began
-        self.finished: set[Work] = set()  # works whose calls returned
-        self.abandoned = False
 
 
 def _waker(token: anyio.lowlevel.EventLoopToken) -> _Wake:
@@ -140,136 +118,6 @@ def _later(token: anyio.lowlevel.EventLoopToken, delay: float, callback: _Callba
     timer.daemon = True
     timer.start()
     return timer.cancel
-
-
-class _RoundThreads:
-    """The threads that run one model's rounds (at most ``parallel`` busy at once).
-
-    Not ``anyio.to_thread.run_sync``: a round is started from plain event-loop callbacks, and
-    its end must start the next one without waiting for any task to be scheduled.
-    """
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-        self._jobs: queue.SimpleQueue[tuple[_Round, _Done]] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._idle = 0  # threads waiting for a job, less the jobs queued for them
-        self._started = 0
-
-    def submit(self, batch: _Round, done: _Done) -> None:
-        """Decode ``batch`` in a round thread, then call ``done(seconds it took)`` there."""
-        with self._lock:
-            if self._idle:
-                self._idle -= 1
-            else:
-                self._started += 1
-                name = f"{self._name}-{self._started}"
-                threading.Thread(target=self._run, name=name, daemon=True).start()
-        self._jobs.put((batch, done))
-
-    def _run(self) -> None:
-        while True:
-            try:
-                batch, done = self._jobs.get(timeout=_IDLE_SECONDS)
-            except queue.Empty:
-                with self._lock:
-                    if self._idle:  # more threads wait than jobs are queued: leave
-                        self._idle -= 1
-                        return
-                continue  # a job is queued for a waiting thread: this one
-            started = time.perf_counter()
-            try:
-                _decode_round(batch)
-            except BaseException:  # the decoders' own errors are caught inside
-                log.exception("engine decode round failed")
-                for _, work in batch.batch:
-                    work.events.append(EngineFailed(detail=_DECODE_FAILED))
-                    work.more = False
-            took = time.perf_counter() - started
-            with self._lock:
-                self._idle += 1
-            done(took)
-
-
-def _decode_round(round_: _Round) -> None:
-    """Round thread: every stream of the round; a failure is its stream's alone (or its
-    batched call's). Each call is a step the deadline check can see (:class:`_Round`)."""
-    groups: dict[type, list[Work]] = {}
-    for _, work in round_.batch:
-        if callable(getattr(work.recognition, "decode_many", None)):
-            groups.setdefault(type(work.recognition), []).append(work)
-            continue
-        if not _begin(round_, (work,)):
-            return
-        recognition = work.recognition
-        try:
-            if work.pcm:
-                work.events.extend(recognition.accept(work.pcm))
-            if work.finish:
-                if work.pcm and not _renew(round_):
-                    return
-                work.events.append(recognition.finish())
-        except Exception:
-            log.exception("engine failed while decoding")
-            work.events.append(EngineFailed(detail=_DECODE_FAILED))
-        if not _end(round_):
-            return
-    for items in groups.values():
-        if not _begin(round_, items):
-            return
-        try:
-            items[0].recognition.decode_many(items)  # type: ignore[attr-defined]
-        except Exception:
-            log.exception("engine failed while decoding a batch", extra={"streams": len(items)})
-            for work in items:
-                work.events.append(EngineFailed(detail=_DECODE_FAILED))
-                work.more = False
-        if not _end(round_):
-            return
-
-
-def _begin(round_: _Round, works: Sequence[Work]) -> bool:
-    """Round thread: about to call the decoders of ``works``; False if the round was given up
-    (the works not yet decoded went back to their streams)."""
-    with round_.lock:
-        if round_.abandoned:
-            return False
-        round_.current = works
-        round_.step_started = time.monotonic()
-        return True
-
-
-def _end(round_: _Round) -> bool:
-    """Round thread: the call of the current step returned. If the deadline passed meanwhile,
-    its streams have failed and their recognitions are this thread's to close; False then."""
-    with round_.lock:
-        works, round_.current = round_.current, ()
-        if not round_.abandoned:
-            round_.finished.update(works)
-            return True
-    _close_abandoned(works)
-    return False
-
-
-def _renew(round_: _Round) -> bool:
-    """Round thread: between a stream's ``accept`` and ``finish``, each call has a deadline of
-    its own; False (and the recognition closed) if the first one passed it."""
-    with round_.lock:
-        if not round_.abandoned:
-            round_.step_started = time.monotonic()
-            return True
-        works, round_.current = round_.current, ()
-    _close_abandoned(works)
-    return False
-
-
-def _close_abandoned(works: Sequence[Work]) -> None:
-    for work in works:
-        try:
-            work.recognition.close()
-        except Exception:
-            log.exception("engine failed to close a stream")
-    log.warning("a decode call that passed its deadline returned; its streams are closed")
 
 
 class DecodeRounds:
