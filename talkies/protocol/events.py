@@ -34,10 +34,10 @@ SAMPLE_RATE = 16000
 CHANNELS = 1
 
 
-def _dumps(obj: dict[str, Any]) -> str:
-    # allow_nan=False: the constructors already refuse non-finite numbers; this is the backstop
-    # that keeps a bug from putting the non-JSON token NaN on the wire.
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+# allow_nan=False: the constructors already refuse non-finite numbers; this is the backstop
+# that keeps a bug from putting the non-JSON token NaN on the wire. One encoder for all:
+# json.dumps with options builds a new JSONEncoder per call, and a partial is sent per frame.
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

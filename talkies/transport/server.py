@@ -32,7 +32,7 @@ from ..protocol import AuthRejected, ErrorCode, Input, Refused, SessionLimits, S
 from .driver import StreamDriver
 from .h11app import build_request, exchange, send_response
 from .http import HttpLimits, Upgrade, header, read_event, upgrade_problem
-from .ws import WsprotoChannel
+from .ws import SendWatch, WsprotoChannel
 
 __all__ = ["STREAM_PATH", "ListenError", "Server", "ServerOptions", "session_limits"]
 
@@ -145,8 +145,12 @@ class Server:
         self._idle_http: set[anyio.CancelScope] = set()
         self._no_streams = anyio.Event()
         self._no_streams.set()
+        self._exchanges = 0  # HTTP requests being answered (for shutdown)
+        self._no_exchanges = anyio.Event()
+        self._no_exchanges.set()
         self._accept_scope: anyio.CancelScope | None = None
         self._connections: anyio.abc.TaskGroup | None = None
+        self._send_watch: SendWatch | None = None  # the streams' send timeout, one task
         self._stopping = False
         self.port: int | None = None
 
@@ -178,6 +182,10 @@ class Server:
         )
         async with self.app.lifespan(), anyio.create_task_group() as connections:
             self._connections = connections
+            # Checked 4 times per timeout (at most once a second): a client that stopped
+            # reading is dropped within a quarter of the timeout after it.
+            period = min(1.0, self.settings.stream_idle_timeout / 4)
+            self._send_watch = SendWatch(connections, period)
             with anyio.CancelScope() as accept:
                 self._accept_scope = accept
                 task_status.started(self)
@@ -185,7 +193,8 @@ class Server:
             await listener.aclose()
 
     async def shutdown(self, grace: float | None = None) -> None:
-        """Stop accepting, let streams finish for ``grace`` seconds, then close them (1001)."""
+        """Stop accepting, let streams and HTTP requests in progress finish for ``grace``
+        seconds, then close the streams (1001) and drop what is left."""
         grace = self.options.shutdown_grace if grace is None else grace
         self._stopping = True
         if self._accept_scope is not None:
@@ -194,6 +203,7 @@ class Server:
             scope.cancel()
         with anyio.move_on_after(grace):
             await self._no_streams.wait()
+            await self._no_exchanges.wait()
         if self._drivers:
             log.info("closing %d streams after the grace period", len(self._drivers))
             async with anyio.create_task_group() as tg:
@@ -223,6 +233,8 @@ class Server:
         try:
             event = conn.next_event()  # a pipelined request may already be buffered
             if event is h11.NEED_DATA and not first:
+                if self._stopping:
+                    return None
                 # Between keep-alive requests: wait for the first byte, abandon on shutdown.
                 with anyio.move_on_after(limits.keepalive_timeout) as idle:
                     self._idle_http.add(idle)
@@ -304,14 +316,21 @@ class Server:
                     max_body=self.settings.max_upload_bytes,
                     peer=peer,
                 )
-                alive = await exchange(
-                    self.app.handle,
-                    conn,
-                    stream,
-                    app_request,
-                    limits=limits,
-                    send_timeout=self.settings.stream_idle_timeout,
-                )
+                self._exchanges += 1
+                self._no_exchanges = anyio.Event() if self._exchanges == 1 else self._no_exchanges
+                try:
+                    alive = await exchange(
+                        self.app.handle,
+                        conn,
+                        stream,
+                        app_request,
+                        limits=limits,
+                        send_timeout=self.settings.stream_idle_timeout,
+                    )
+                finally:
+                    self._exchanges -= 1
+                    if not self._exchanges:
+                        self._no_exchanges.set()
                 if not alive:
                     return
             if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
@@ -347,6 +366,7 @@ class Server:
             trailing,
             read_size=self.options.http.read_size,
             send_timeout=self.settings.stream_idle_timeout,
+            send_watch=self._send_watch,
         )
         session = StreamSession(self._limits, now=time.monotonic())
         first: Input | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 
 import anyio
@@ -22,7 +23,7 @@ from wsproto.utilities import LocalProtocolError
 from ..protocol import AudioBatch, BinaryReceived, PeerGone, TextReceived
 from .driver import ClientMessage
 
-__all__ = ["WsprotoChannel"]
+__all__ = ["SendWatch", "WsprotoChannel"]
 
 log = logging.getLogger("talkies.transport")
 
@@ -36,6 +37,47 @@ _TRANSPORT_ERRORS = (
 # contract wants invalid_json (4400) with an error object instead (docs/protocol.md).
 _INVALID_UTF8 = CloseReason.INVALID_FRAME_PAYLOAD_DATA
 _UNDECODABLE = b"\xff"
+_clock = time.monotonic
+
+
+class SendWatch:
+    """The send timeout of many channels, checked by one task every ``period`` seconds.
+
+    A send only waits when the client stops reading (asyncio's write buffer is full), yet a
+    cancel scope with a deadline around every send arms and cancels a timer each time: about
+    12 us per partial on the per-frame path, more than the write itself. Here a send just
+    notes when it started, and this task closes the connection of a send that has waited
+    ``send_timeout``: the send then fails like any send on a closed stream. A channel is
+    closed within ``period`` after its timeout.
+
+    Channels register at their first send and leave when closed. The task runs in
+    ``task_group`` while channels are registered, and ends one period after the last one.
+    """
+
+    def __init__(self, task_group: anyio.abc.TaskGroup, period: float) -> None:
+        self._tg = task_group
+        self._period = period
+        self._channels: set[WsprotoChannel] = set()
+        self._running = False
+
+    def add(self, channel: WsprotoChannel) -> None:
+        self._channels.add(channel)
+        if not self._running:
+            self._running = True
+            self._tg.start_soon(self._run)
+
+    def discard(self, channel: WsprotoChannel) -> None:
+        self._channels.discard(channel)
+
+    async def _run(self) -> None:
+        try:
+            while self._channels:
+                await anyio.sleep(self._period)
+                now = _clock()
+                for channel in [c for c in self._channels if c.send_overdue(now)]:
+                    await channel.abort_stalled_send()
+        finally:
+            self._running = False
 
 
 class WsprotoChannel:
@@ -48,6 +90,7 @@ class WsprotoChannel:
         *,
         read_size: int = 65536,
         send_timeout: float = 30.0,
+        send_watch: SendWatch | None = None,
     ) -> None:
         self._stream = stream
         self._ws = Connection(ConnectionType.SERVER, trailing_data=trailing_data)
@@ -62,6 +105,11 @@ class WsprotoChannel:
         self._close_reply: CloseConnection | None = None  # our answer, sent by aclose()
         self._broken = False  # wsproto's parser failed: nothing more can be read
         self._binary_open = False  # a fragmented binary message is half received
+        # With a watch, the send timeout is its job (see SendWatch); without one, every send
+        # runs under a deadline of its own.
+        self._watch = send_watch
+        self._sending_since: float | None = None  # when the send in progress started
+        self._watched = False  # registered with the watch (at the first send)
 
     async def receive(self) -> list[ClientMessage]:
         """Every message (fragment) wsproto parsed from the next read; PeerGone ends it.
@@ -161,22 +209,56 @@ class WsprotoChannel:
         except anyio.WouldBlock:
             await self._send_lock.acquire()
         try:
+            if self._watch is not None:
+                if not self._watched:
+                    self._watched = True
+                    self._watch.add(self)
+                self._sending_since = _clock()
+                try:
+                    await self._stream.send(data)
+                except _TRANSPORT_ERRORS:
+                    self._close_reply = None  # it could not be sent either (and we hold the lock)
+                    await self.aclose()
+                finally:
+                    self._sending_since = None
+                return
             with anyio.move_on_after(self._send_timeout) as scope:
                 try:
                     await self._stream.send(data)
                 except _TRANSPORT_ERRORS:
                     await self.aclose()
             if scope.cancelled_caught:
-                # The client stopped reading; holding its events in memory is not an option.
-                log.info("client stopped reading for %.0f s; closing", self._send_timeout)
+                self._log_stalled()
                 await self.aclose()
         finally:
             self._send_lock.release()
+
+    def send_overdue(self, now: float) -> bool:
+        """A send has waited ``send_timeout`` or longer (for :class:`SendWatch`)."""
+        since = self._sending_since
+        return since is not None and now - since >= self._send_timeout and not self._gone
+
+    async def abort_stalled_send(self) -> None:
+        """Close the connection under a send that waits too long; the send then fails."""
+        if self._gone:
+            return
+        self._log_stalled()
+        self._gone = True
+        self._close_reply = None  # nothing more can be sent
+        if self._watch is not None:
+            self._watch.discard(self)
+        await anyio.aclose_forcefully(self._stream)
+
+    def _log_stalled(self) -> None:
+        # The client stopped reading; holding its events in memory is not an option.
+        log.info("client stopped reading for %.0f s; closing", self._send_timeout)
 
     async def aclose(self) -> None:
         reply, self._close_reply = self._close_reply, None
         if reply is not None:
             await self._send_event(reply)
+        if self._watch is not None:
+            self._watch.discard(self)
         if self._gone:
             return
         self._gone = True
