@@ -26,10 +26,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -162,7 +163,7 @@ def log_problems(log: Path) -> list[str]:
     return [line for line in lines if any(b in line for b in bad)]
 
 
-def measure(port: int, args: argparse.Namespace) -> float:
+def measure_once(port: int, args: argparse.Namespace) -> float:
     cmd = [sys.executable, str(HERE / "loadgen.py"), "--port", str(port), "--json"]
     cmd += ["--frames", str(args.frames), "--connections", str(args.connections)]
     cmd += ["--repeat", "1", "--frame-bytes", str(args.frame_bytes)]
@@ -171,6 +172,77 @@ def measure(port: int, args: argparse.Namespace) -> float:
         raise RuntimeError(f"load generator failed: {out.stderr[-2000:]}")
     rates: list[float] = json.loads(out.stdout.strip().splitlines()[-1])["rates"]
     return rates[0]
+
+
+def measure(
+    kinds: Sequence[str] = ("talkies", "bare", "starlette", "websockets"),
+    *,
+    frames: int = 200_000,
+    connections: int = 4,
+    repeat: int = 3,
+    frame_bytes: int = 640,
+    quiet_wait: float = 30.0,
+) -> dict[str, Any]:
+    """Run the benchmark (what the CLI does) and return its results as a dict.
+
+    ``best`` / ``per_cpu``: each server's best frames/s and frames per server CPU-second;
+    ``other_cores``: other load during the best run; ``ratios``: talkies / peer of both;
+    ``goals``: for (a) and (b), whether talkies' frames/s ratio meets its goal; ``runs``: every
+    run's (frames/s, other load); ``problems``: warning/error lines of each server's log.
+    Progress lines go to stderr.
+    """
+    args = argparse.Namespace(frames=frames, connections=connections, frame_bytes=frame_bytes)
+    runs: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}  # (rate, noise)
+    per_cpu: dict[str, list[float]] = {k: [] for k in kinds}  # frames per server CPU-second
+    budget = [quiet_wait]
+    with tempfile.TemporaryDirectory(prefix="talkies-bench-") as tmp, ExitStack() as stack:
+        # All servers up at once (idle ones cost nothing); runs interleaved round-robin so
+        # that load from other processes spreads over all of them rather than hitting one.
+        running = {
+            k: stack.enter_context(server(k, "count", Path(tmp), frame_bytes)) for k in kinds
+        }
+        for r in range(repeat):
+            for kind in kinds:
+                if budget[0] > 0:
+                    wait_for_quiet(budget)
+                cpu0 = cpu_seconds(running[kind].pid)
+                with CpuWindow((running[kind].pid,)) as window:
+                    rate = measure_once(running[kind].port, args)
+                runs[kind].append((rate, window.others_cores))
+                per_cpu[kind].append(frames / (cpu_seconds(running[kind].pid) - cpu0))
+                print(
+                    f"  run {r + 1} {kind:10s} {rate:>10,.0f} frames/s "
+                    f"{per_cpu[kind][-1]:>10,.0f} per CPU-s "
+                    f"(other load {window.others_cores:.2f} cores)",
+                    file=sys.stderr,
+                )
+        stack.close()  # stop the servers, so that their logs are complete
+        problems = {k: log_problems(running[k].log) for k in kinds}
+    best = {k: max(runs[k])[0] for k in kinds}
+    ratios: dict[str, dict[str, float]] = {}
+    goals: dict[str, bool] = {}
+    if "talkies" in best:
+        for kind in kinds:
+            if kind == "talkies":
+                continue
+            ratios[kind] = {
+                "frames_per_s": best["talkies"] / best[kind],
+                "per_cpu": max(per_cpu["talkies"]) / max(per_cpu[kind]),
+            }
+            if kind in GOALS:
+                goals[kind] = ratios[kind]["frames_per_s"] >= GOALS[kind]
+    return {
+        "frames": frames,
+        "connections": connections,
+        "frame_bytes": frame_bytes,
+        "best": best,
+        "per_cpu": {k: max(per_cpu[k]) for k in kinds},
+        "other_cores": {k: max(runs[k])[1] for k in kinds},
+        "ratios": ratios,
+        "goals": goals,
+        "runs": runs,
+        "problems": problems,
+    }
 
 
 def main() -> None:
@@ -188,6 +260,7 @@ def main() -> None:
         default=30.0,
         help="seconds in all to wait for other processes to leave the CPUs idle (0: don't)",
     )
+    parser.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = parser.parse_args()
     kinds = [k for k in args.servers.split(",") if k]
 
@@ -196,35 +269,15 @@ def main() -> None:
         f"{args.frames} frames of {args.frame_bytes} bytes over {args.connections} connections, "
         f"best of {args.repeat}; server and load generator in separate processes"
     )
-    runs: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}  # (rate, noise)
-    per_cpu: dict[str, list[float]] = {k: [] for k in kinds}  # frames per server CPU-second
-    budget = [args.quiet_wait]
-    with tempfile.TemporaryDirectory(prefix="talkies-bench-") as tmp, ExitStack() as stack:
-        # All servers up at once (idle ones cost nothing); runs interleaved round-robin so
-        # that load from other processes spreads over all of them rather than hitting one.
-        running = {
-            k: stack.enter_context(server(k, "count", Path(tmp), args.frame_bytes)) for k in kinds
-        }
-        for r in range(args.repeat):
-            for kind in kinds:
-                if budget[0] > 0:
-                    wait_for_quiet(budget)
-                cpu0 = cpu_seconds(running[kind].pid)
-                with CpuWindow((running[kind].pid,)) as window:
-                    rate = measure(running[kind].port, args)
-                runs[kind].append((rate, window.others_cores))
-                per_cpu[kind].append(args.frames / (cpu_seconds(running[kind].pid) - cpu0))
-                print(
-                    f"  run {r + 1} {kind:10s} {rate:>10,.0f} frames/s "
-                    f"{per_cpu[kind][-1]:>10,.0f} per CPU-s "
-                    f"(other load {window.others_cores:.2f} cores)",
-                    file=sys.stderr,
-                )
-        stack.close()  # stop the servers, so that their logs are complete
-        problems = {k: log_problems(running[k].log) for k in kinds}
-    best = {k: max(runs[k])[0] for k in kinds}
-    noise = {k: max(runs[k])[1] for k in kinds}
-    cpu_best = {k: max(per_cpu[k]) for k in kinds}
+    results = measure(
+        kinds,
+        frames=args.frames,
+        connections=args.connections,
+        repeat=args.repeat,
+        frame_bytes=args.frame_bytes,
+        quiet_wait=args.quiet_wait,
+    )
+    best, cpu_best, noise = results["best"], results["per_cpu"], results["other_cores"]
 
     print()
     print(
@@ -234,12 +287,11 @@ def main() -> None:
     for kind in kinds:
         rate, cpu_rate = best[kind], cpu_best[kind]
         ratio = goal = cpu_ratio = ""
-        if kind != "talkies" and "talkies" in best:
-            ratio = f"{best['talkies'] / rate:.2f}x"
-            cpu_ratio = f"{cpu_best['talkies'] / cpu_rate:.2f}x"
+        if kind in results["ratios"]:
+            ratio = f"{results['ratios'][kind]['frames_per_s']:.2f}x"
+            cpu_ratio = f"{results['ratios'][kind]['per_cpu']:.2f}x"
             if kind in GOALS:
-                met = best["talkies"] / rate >= GOALS[kind]
-                goal = f">={GOALS[kind]}x {'met' if met else 'MISSED'}"
+                goal = f">={GOALS[kind]}x {'met' if results['goals'][kind] else 'MISSED'}"
                 if max(noise[kind], noise["talkies"]) > NOISY:
                     goal += "?"
         ref = f"~{REFERENCE[kind] // 1000}k" if kind in REFERENCE else ""
@@ -254,11 +306,13 @@ def main() -> None:
         "process (all threads), best run: what one uncontended core would ingest if the server "
         "is CPU-bound; much steadier than frames/s on a busy machine."
     )
-    for kind, lines in problems.items():
+    for kind, lines in results["problems"].items():
         if lines:
             print(f"\n{kind}: {len(lines)} warning/error log lines, first ones:")
             for line in lines[:5]:
                 print("  " + line[:300])
+    if args.json:
+        print(json.dumps(results))
 
 
 if __name__ == "__main__":

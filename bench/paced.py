@@ -33,8 +33,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -332,6 +334,85 @@ def run_one(kind: str, n: int, args: argparse.Namespace, logdir: Path) -> Client
     return result
 
 
+def measure(
+    counts: Sequence[int] = (100, 400, 1000),
+    kinds: Sequence[str] = ("talkies", "bare"),
+    *,
+    duration: float = 10.0,
+    frame_bytes: int = 640,
+    quiet_wait: float = 20.0,
+) -> dict[str, Any]:
+    """Run the benchmark (what the CLI does) and return its results as a dict.
+
+    ``rows``: one dict per (N, server), in run order; ``ratios``: for each N (a str key)
+    talkies / bare of ``us_per_frame`` and ``p99_ms`` when both ran; ``notes``: problems.
+    Progress rows go to stderr.
+    """
+    raise_fd_limit()
+    args = argparse.Namespace(duration=duration, frame_bytes=frame_bytes)
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    budget = [quiet_wait]
+    with tempfile.TemporaryDirectory(prefix="talkies-paced-") as tmp:
+        for n in counts:
+            for kind in kinds:
+                if budget[0] > 0:
+                    wait_for_quiet(budget)
+                with CpuWindow() as window:
+                    r = run_one(kind, n, args, Path(tmp))
+                frames_per_s = r.connected / PERIOD
+                row: dict[str, Any] = {
+                    "server": kind,
+                    "label": LABELS[kind],
+                    "streams": n,
+                    **{f"{k}_ms": v for k, v in r.latencies_ms.items()},
+                    "answered": r.frames_answered / max(r.frames_sent, 1),
+                    "kib_per_conn": (r.rss_mid_kib - r.rss_before_kib) / max(r.connected, 1),
+                    "server_cores": r.server_cores,
+                    "us_per_frame": r.server_cores / max(frames_per_s, 1) * 1e6,
+                    "send_lag_p99_ms": r.send_lag_p99_ms,
+                    "connect_s": r.connect_s,
+                    "other_cores": window.others_cores,
+                    "connected": r.connected,
+                    "stats_received": r.stats_received,
+                    "errors": r.errors,
+                }
+                rows.append(row)
+                print(format_row(row), file=sys.stderr)
+                if r.connected != n or r.stats_received != r.connected:
+                    notes.append(
+                        f"{kind} N={n}: connected {r.connected}/{n}, "
+                        f"stats {r.stats_received}/{r.connected}"
+                    )
+                notes.extend(f"{kind} N={n}: {e}" for e in r.errors[:5])
+    ratios: dict[str, dict[str, float]] = {}
+    for n in counts:
+        by_kind = {row["server"]: row for row in rows if row["streams"] == n}
+        if "talkies" in by_kind and "bare" in by_kind:
+            t, b = by_kind["talkies"], by_kind["bare"]
+            ratios[str(n)] = {
+                key: t[key] / b[key] if b[key] else float("nan")
+                for key in ("us_per_frame", "p99_ms")
+            }
+    return {
+        "period": PERIOD,
+        "duration": duration,
+        "frame_bytes": frame_bytes,
+        "rows": rows,
+        "ratios": ratios,
+        "notes": notes,
+    }
+
+
+def format_row(row: dict[str, Any]) -> str:
+    return (
+        f"{row['label']:36s} {row['streams']:>5d} {row['p50_ms']:>8.1f} {row['p90_ms']:>8.1f} "
+        f"{row['p99_ms']:>8.1f} {row['max_ms']:>8.1f} {row['answered']:>8.1%} "
+        f"{row['kib_per_conn']:>8.1f} {row['server_cores']:>9.2f} {row['us_per_frame']:>8.0f} "
+        f"{row['send_lag_p99_ms']:>6.1f} {row['connect_s']:>6.2f} {row['other_cores']:>5.2f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--streams", default="100,400,1000")
@@ -344,6 +425,7 @@ def main() -> None:
         default=20.0,
         help="seconds in all to wait for other processes to leave the CPUs idle (0: don't)",
     )
+    parser.add_argument("--json", action="store_true", help="print the results as JSON too")
     # The client process (started by the orchestrator):
     parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
@@ -355,7 +437,6 @@ def main() -> None:
         client_main(args)
         return
 
-    raise_fd_limit()
     counts = [int(x) for x in args.streams.split(",") if x]
     kinds = [k for k in args.servers.split(",") if k]
     print(f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} cpus")
@@ -369,39 +450,22 @@ def main() -> None:
         f"{'answered':>8s} {'KiB/conn':>8s} {'srv cores':>9s} {'us/frame':>8s} {'lag ms':>6s} "
         f"{'conn s':>6s} {'other':>5s}"
     )
-    rows: list[str] = []
-    notes: list[str] = []
-    budget = [args.quiet_wait]
-    with tempfile.TemporaryDirectory(prefix="talkies-paced-") as tmp:
-        for n in counts:
-            for kind in kinds:
-                if budget[0] > 0:
-                    wait_for_quiet(budget)
-                with CpuWindow() as window:
-                    r = run_one(kind, n, args, Path(tmp))
-                lat = r.latencies_ms
-                per_conn = (r.rss_mid_kib - r.rss_before_kib) / max(r.connected, 1)
-                answered = f"{r.frames_answered / max(r.frames_sent, 1):.1%}"
-                frames_per_s = r.connected / PERIOD
-                us_per_frame = r.server_cores / max(frames_per_s, 1) * 1e6
-                row = (
-                    f"{LABELS[kind]:36s} {n:>5d} {lat['p50']:>8.1f} {lat['p90']:>8.1f} "
-                    f"{lat['p99']:>8.1f} {lat['max']:>8.1f} {answered:>8s} {per_conn:>8.1f} "
-                    f"{r.server_cores:>9.2f} {us_per_frame:>8.0f} {r.send_lag_p99_ms:>6.1f} "
-                    f"{r.connect_s:>6.2f} {window.others_cores:>5.2f}"
-                )
-                rows.append(row)
-                print(row, file=sys.stderr)
-                if r.connected != n or r.stats_received != r.connected:
-                    notes.append(
-                        f"{kind} N={n}: connected {r.connected}/{n}, "
-                        f"stats {r.stats_received}/{r.connected}"
-                    )
-                notes.extend(f"{kind} N={n}: {e}" for e in r.errors[:5])
+    results = measure(
+        counts,
+        kinds,
+        duration=args.duration,
+        frame_bytes=args.frame_bytes,
+        quiet_wait=args.quiet_wait,
+    )
     print()
     print(header)
-    for row in rows:
-        print(row)
+    for row in results["rows"]:
+        print(format_row(row))
+    for n, ratio in results["ratios"].items():
+        print(
+            f"talkies/bare at N={n}: CPU per frame {ratio['us_per_frame']:.2f}x, "
+            f"p99 {ratio['p99_ms']:.2f}x"
+        )
     refs = ", ".join(f"{v} at {k}" for k, v in REFERENCE_BARE_P99.items())
     print(
         "answered: frames whose partial arrived (3 s drain after the last frame); KiB/conn: "
@@ -412,8 +476,10 @@ def main() -> None:
         "are disturbed"
     )
     print(f"reference, bare loop p99 measured earlier on this machine: {refs}")
-    for note in notes:
+    for note in results["notes"]:
         print("note: " + note)
+    if args.json:
+        print(json.dumps(results))
 
 
 if __name__ == "__main__":
