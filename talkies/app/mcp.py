@@ -65,12 +65,11 @@ from ..engines.base import (
 from ..engines.builtin import DEFAULT_MODEL
 from ..engines.pool import ModelPool
 from ..engines.tts.base import SpeechRequest
-from ..protocol.messages import normalize_language
 from .files import FileStore
 from .http import Headers, HttpError, Request, Response
 from .models import model_rows
 from .speech import synthesize
-from .transcribe import asr_entry, decode_audio, transcribe_pcm
+from .transcribe import asr_entry, checked_language, decode_audio, transcribe_pcm
 
 __all__ = ["MCP_PATH", "McpEndpoint", "McpTool", "ToolResult", "request_limit", "tool_error"]
 
@@ -500,16 +499,8 @@ class McpEndpoint:
         if pool is None:
             raise HttpError(404, "this server has no model registry", code="model_not_found")
         entry = asr_entry(pool, arguments.model)
-        language = arguments.language or None
-        if language is not None and normalize_language(language) is None:
-            raise HttpError(
-                400,
-                f"language must be 'auto' or a language code such as 'en', got {language!r}",
-                code="invalid_language",
-                param="language",
-            )
         options = TranscriptionRequest(
-            language=normalize_language(language) if language is not None else None,
+            language=checked_language(arguments.language or None),
             prompt=arguments.prompt or None,
             word_timestamps=arguments.word_timestamps,
             cancel=threading.Event(),

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 __all__ = [
     "acquire_model",
     "asr_entry",
+    "checked_language",
     "decode_audio",
     "run_transcription",
     "transcribe_pcm",
@@ -137,22 +138,30 @@ def _options(form: Form, cancel: threading.Event) -> tuple[str, TranscriptionReq
             temperature = math.nan
         if not (math.isfinite(temperature) and 0.0 <= temperature <= 1.0):
             raise HttpError(400, "temperature must be a number from 0 to 1", param="temperature")
-    language = _field(form, "language")
-    if language is not None and normalize_language(language) is None:
-        raise HttpError(
-            400,
-            f"language must be 'auto' or a language code such as 'en', got {language!r}",
-            code="invalid_language",
-            param="language",
-        )
     request = TranscriptionRequest(
-        language=normalize_language(language) if language is not None else None,
+        language=checked_language(_field(form, "language")),
         prompt=_field(form, "prompt"),
         temperature=temperature,
         word_timestamps="word" in granularities,
         cancel=cancel,
     )
     return fmt, request, granularities
+
+
+def checked_language(language: str | None) -> str | None:
+    """A request's language, normalized ("auto" or a code such as "en"); None when not given.
+    Anything else is a 400 ``invalid_language``."""
+    if language is None:
+        return None
+    normalized = normalize_language(language)
+    if normalized is None:
+        raise HttpError(
+            400,
+            f"language must be 'auto' or a language code such as 'en', got {language!r}",
+            code="invalid_language",
+            param="language",
+        )
+    return normalized
 
 
 def asr_entry(pool: ModelPool, slug: str) -> ModelEntry:
