@@ -43,7 +43,6 @@ __all__ = [
     "SynthesisFailed",
     "SynthesisStopped",
     "check_request",
-    "int_option",
     "pcm16",
     "start_synthesis",
     "str_map_option",
@@ -133,16 +132,6 @@ def check_request(
         else:
             message = f"this model's speed must be between {low:g} and {high:g}"
         raise SpeechError(SpeechErrorKind.UNSUPPORTED, message, param="speed")
-
-
-def int_option(options: Mapping[str, Any], key: str, default: int, low: int, high: int) -> int:
-    """An integer model option in [low, high]; ValueError naming it otherwise."""
-    value = options.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"option {key!r} must be an integer, got {value!r}")
-    if not low <= value <= high:
-        raise ValueError(f"option {key!r} must be from {low} to {high}, got {value!r}")
-    return value
 
 
 def str_map_option(options: Mapping[str, Any], key: str) -> dict[str, str] | None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base import EngineUnavailable
+from ..options import int_option
 from ..wheels import WheelFile
 from .base import (
     SAMPLE_RATE,
@@ -37,7 +38,6 @@ from .base import (
     SpeechRequest,
     SpeechStream,
     check_request,
-    int_option,
     pcm16,
     start_synthesis,
     str_map_option,

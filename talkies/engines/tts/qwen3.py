@@ -51,6 +51,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..base import EngineUnavailable
+from ..options import int_option
 from .base import (
     SAMPLE_RATE,
     Emitter,
@@ -59,7 +60,6 @@ from .base import (
     SpeechRequest,
     SpeechStream,
     check_request,
-    int_option,
     pcm16,
     start_synthesis,
     str_map_option,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...protocol.events import SAMPLE_RATE
+from ..options import int_option, number_option
 
 __all__ = [
     "MIN_DECODE_SAMPLES",
@@ -51,24 +52,6 @@ class RollingConfig:
         return max(1, round(self.refresh_seconds * SAMPLE_RATE))
 
 
-def _number(options: Mapping[str, Any], key: str, default: float, low: float, high: float) -> float:
-    value = options.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"option {key!r} must be a number, got {value!r}")
-    if not low <= value <= high:
-        raise ValueError(f"option {key!r} must be from {low:g} to {high:g}, got {value!r}")
-    return float(value)
-
-
-def _integer(options: Mapping[str, Any], key: str, default: int, low: int, high: int) -> int:
-    value = options.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"option {key!r} must be an integer, got {value!r}")
-    if not low <= value <= high:
-        raise ValueError(f"option {key!r} must be from {low} to {high}, got {value!r}")
-    return value
-
-
 _OPTION_KEYS = frozenset(RollingConfig.__dataclass_fields__)
 
 
@@ -79,13 +62,13 @@ def resolve_config(options: Mapping[str, Any]) -> RollingConfig:
         log.warning("whisper: ignoring unknown options %s", ", ".join(map(repr, unknown)))
     # The pool fills window_seconds from TALKIES_STREAM_MAX_BUFFER_SECONDS, a server-wide
     # setting with a wider range: clamp it to what Whisper can hold rather than refuse.
-    window = _number(options, "window_seconds", 5.0, 0.0, math.inf)
+    window = number_option(options, "window_seconds", 5.0, 0.0, math.inf)
     if not 1.0 <= window <= 30.0:
         clamped = min(max(window, 1.0), 30.0)
         log.warning("whisper: window_seconds %g is outside 1-30 s; using %g", window, clamped)
         window = clamped
-    refresh = _number(options, "refresh_seconds", 0.5, 0.05, window)
-    keep = _number(options, "keep_seconds", min(1.0, window / 4), 0.0, window / 2)
+    refresh = number_option(options, "refresh_seconds", 0.5, 0.05, window)
+    keep = number_option(options, "keep_seconds", min(1.0, window / 4), 0.0, window / 2)
     language = options.get("language", "en")
     if not isinstance(language, str) or not language:
         raise ValueError(f"option 'language' must be a language code, got {language!r}")
@@ -96,10 +79,10 @@ def resolve_config(options: Mapping[str, Any]) -> RollingConfig:
         window_seconds=window,
         refresh_seconds=refresh,
         keep_seconds=keep,
-        threads=_integer(options, "threads", 2, 1, 256),
-        contexts=_integer(options, "contexts", 1, 1, 64),
-        audio_ctx=_integer(options, "audio_ctx", 0, 0, 1500),
-        final_audio_ctx=_integer(options, "final_audio_ctx", 768, 64, 1500),
+        threads=int_option(options, "threads", 2, 1, 256),
+        contexts=int_option(options, "contexts", 1, 1, 64),
+        audio_ctx=int_option(options, "audio_ctx", 0, 0, 1500),
+        final_audio_ctx=int_option(options, "final_audio_ctx", 768, 64, 1500),
         language=language,
         model_file=model_file,
     )
