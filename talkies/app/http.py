@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
@@ -174,6 +175,14 @@ class Response:
     @property
     def streaming(self) -> bool:
         return not isinstance(self.body, bytes)
+
+    async def close_body(self) -> None:
+        """Close a streamed body (its ``aclose``), however sending it ended: shielded, and
+        whatever the body raises on the way out is dropped. Every host calls it."""
+        closer = getattr(self.body, "aclose", None)
+        if closer is not None:
+            with anyio.CancelScope(shield=True), suppress(Exception):
+                await closer()
 
 
 def json_response(status: int, document: Any, headers: Headers | None = None) -> Response:

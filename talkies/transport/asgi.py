@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from contextlib import suppress
 from typing import Any
 
 import anyio
@@ -252,11 +251,7 @@ class TalkiesASGI:
         except OSError:
             return  # the client is gone (hosts raise a ClientDisconnected, an OSError)
         finally:
-            if not isinstance(body, bytes):
-                closer = getattr(body, "aclose", None)
-                if closer is not None:
-                    with anyio.CancelScope(shield=True), suppress(Exception):
-                        await closer()
+            await response.close_body()
 
     # -- WebSocket ---------------------------------------------------------------------------
 

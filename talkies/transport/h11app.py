@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from contextlib import suppress
 
 import anyio
 import anyio.abc
@@ -186,8 +185,4 @@ async def send_response(
         with anyio.fail_after(send_timeout):
             await stream.send(conn.send(h11.EndOfMessage()))
     finally:
-        if not isinstance(body, bytes):
-            closer = getattr(body, "aclose", None)
-            if closer is not None:
-                with anyio.CancelScope(shield=True), suppress(Exception):
-                    await closer()
+        await response.close_body()
