@@ -550,7 +550,7 @@ def http(p: dict[str, Any]) -> dict[str, Any]:
 
     from talkies.config import Settings
     from talkies.engines.pool import ModelPool
-    from tests.http_server import loader, registry
+    from tests.http_server import loader_for, registry
 
     token = "bench-token"
     headers = {"Authorization": f"Bearer {token}"}
@@ -565,7 +565,7 @@ def http(p: dict[str, Any]) -> dict[str, Any]:
         out["audio_seconds"] = len(pcm) / 32000
         talkies_env = {"TALKIES_DATA_DIR": str(data), "TALKIES_AUTH_TOKEN": token}
         settings = Settings.from_env({**os.environ, **talkies_env})
-        pool = ModelPool(registry(settings), settings, loader=loader, validate=False)
+        pool = ModelPool(registry(settings), settings, loader=loader_for(settings), validate=False)
         port = free_port()
         cmd = [sys.executable, "-m", "tests.http_server", p["host"], str(port)]
         clean: dict[str, str | None] = {k: None for k in os.environ if k.startswith("TALKIES_")}

@@ -230,6 +230,12 @@ def _check_device(value: object) -> list[str]:
     return ["must be one of auto, cpu, cuda, cuda:N (N = 0, 1, 2, ...)"]
 
 
+def _check_isolation(value: object) -> list[str]:
+    if value in ("process", "thread"):
+        return []
+    return ["must be process or thread"]
+
+
 def _check_path(value: object, *, optional: bool) -> list[str]:
     if value is None and optional:
         return []
@@ -356,6 +362,9 @@ _VARS: tuple[_Var, ...] = (
     _duration_var("TALKIES_DECODE_TIMEOUT", "decode_timeout", 1.0, 3600.0),
     _Var("TALKIES_AUTH_TOKEN", "auth_token", _text, _check_token, secret=True),
     _Var("TALKIES_DEVICE", "device", _text, _check_device),
+    # process: native engines run in a child process each (a crash there is a 4500, not
+    # the server's end); thread: in the server's own process.
+    _Var("TALKIES_ENGINE_ISOLATION", "engine_isolation", _text, _check_isolation),
     _Var("TALKIES_MODELS_FILE", "models_file", _path, _check_models_file),
     _Var("TALKIES_DATA_DIR", "data_dir", _path, _check_data_dir),
     _Var("TALKIES_ENABLED_MODELS", "enabled_models", _parse_enabled_models, _check_enabled_models),
@@ -454,6 +463,7 @@ class Settings:
     # repr=False: the token must never reach logs via repr() of the settings.
     auth_token: str | None = field(default=None, repr=False)
     device: str = "auto"
+    engine_isolation: str = "process"
     models_file: Path | None = None
     data_dir: Path = field(default_factory=_home_data_dir)
     # None means every model in the registry is enabled.

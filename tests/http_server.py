@@ -28,9 +28,9 @@ from types import MappingProxyType
 
 from talkies.config import Settings
 from talkies.engines.base import LoadedModel
-from talkies.engines.pool import ModelPool, build_registry
+from talkies.engines.isolated import load_engine
+from talkies.engines.pool import Loader, ModelPool, build_registry
 from talkies.engines.registry import ModelEntry
-from talkies.engines.validate import load_model
 
 from .fake_engine import EnergyFileModel
 
@@ -74,16 +74,22 @@ def registry(settings: Settings) -> dict[str, ModelEntry]:
     return models
 
 
-def loader(entry: ModelEntry, root: Path, device: str) -> LoadedModel:
-    if entry.slug in ENERGY_SLUGS:
-        return EnergyFileModel(delay=ENERGY_SLUGS[entry.slug])
-    return load_model(entry, root, device)
+def loader_for(settings: Settings) -> Loader:
+    """The pool's loader: the test doubles here, every real model as ``talkies serve`` loads
+    it (a native engine in a child process of its own unless TALKIES_ENGINE_ISOLATION=thread)."""
+
+    def loader(entry: ModelEntry, root: Path, device: str) -> LoadedModel:
+        if entry.slug in ENERGY_SLUGS:
+            return EnergyFileModel(delay=ENERGY_SLUGS[entry.slug])
+        return load_engine(entry, root, device, settings)
+
+    return loader
 
 
 def main() -> None:
     host, port = sys.argv[1], int(sys.argv[2])
     settings = Settings.from_env(os.environ).with_overrides(port=port)
-    pool = ModelPool(registry(settings), settings, loader=loader, validate=False)
+    pool = ModelPool(registry(settings), settings, loader=loader_for(settings), validate=False)
     if host == "standalone":
         import anyio
 

@@ -1,4 +1,5 @@
-"""A model that kills its process is refused cleanly: the load check runs in a child."""
+"""A model that kills its process is refused cleanly: it loads in a child, either its engine
+process (TALKIES_ENGINE_ISOLATION=process) or the load check's (thread)."""
 
 from __future__ import annotations
 
@@ -43,14 +44,24 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModelEntry]:
     }
 
 
-def test_broken_model_is_a_4500_and_the_server_lives_on(models: dict[str, ModelEntry]) -> None:
-    pool = ModelPool(models, Settings(model_max_concurrency=2), validate=True)
+REFUSALS = {
+    "process": "'broken' failed to load: its engine process ",  # killed, or exit 255
+    "thread": "'broken' failed its load check (exit status",
+}
+
+
+@pytest.mark.parametrize("isolation", sorted(REFUSALS))
+def test_broken_model_is_a_4500_and_the_server_lives_on(
+    models: dict[str, ModelEntry], isolation: str
+) -> None:
+    settings = Settings(model_max_concurrency=2, engine_isolation=isolation)
+    pool = ModelPool(models, settings, validate=True)
     with run_server(provider=pool) as server:
         ws = ws_connect(server.url)
         ws.send(json.dumps({**START, "model": "broken"}))
         events, code, _ = drain(ws, timeout=60)
         assert code == 4500
-        assert "'broken' failed its load check (exit status" in events[0]["detail"]
+        assert REFUSALS[isolation] in events[0]["detail"]
         assert pool.loaded() == [] and pool.pinned is None
         # Same process, still serving: a good model loads (after its own check) and decodes.
         good = open_stream(server.url, model="good")

@@ -48,6 +48,7 @@ from .base import (
     Refusal,
 )
 from .download import DownloadError, ensure_snapshot, is_downloaded, source_of
+from .isolated import isolates, load_isolated
 from .registry import ModelEntry, RegistryError
 from .slots import Slot, Slots
 from .tts.base import SpeechModel
@@ -342,6 +343,14 @@ class ModelPool:
     # -- loading and unloading ---------------------------------------------------------------
 
     async def _ensure_loaded(self, state: _State, *, evict_others: bool) -> AnyModel:
+        if state.loaded is not None and not getattr(state.loaded, "alive", True):
+            # Its engine process ended (isolated.py): the streams on it have failed; load
+            # it again for this one.
+            dead, state.loaded = state.loaded, None
+            log.error(
+                "model's engine process ended; loading it again", extra={"model": state.entry.slug}
+            )
+            self._close_later(dead)
         while state.loaded is None:
             loading = state.loading
             if loading is None:
@@ -435,11 +444,17 @@ class ModelPool:
             speech = load_speech_model(entry, root, device, self.settings.data_dir)
             self._loaded_in(entry, time.monotonic() - began)
             return speech
-        if check:
+        # The default loader puts a native engine in a child process of its own (isolated.py)
+        # unless TALKIES_ENGINE_ISOLATION=thread; that child is the load check too.
+        isolate = self._loader is load_model and isolates(entry, self.settings)
+        if check and not isolate:
             validate_in_child(entry, root, device)
             began = time.monotonic()
         try:
-            model = self._loader(entry, root, device)
+            if isolate:
+                model: LoadedModel = load_isolated(entry, root, device)
+            else:
+                model = self._loader(entry, root, device)
         except EngineUnavailable:
             raise
         except Exception as exc:

@@ -21,7 +21,7 @@ import anyio
 from .base import EngineUnavailable, LoadedModel
 from .registry import ModelEntry, entry_from_json
 
-__all__ = ["load_model", "validate_in_child"]
+__all__ = ["entry_json", "load_model", "validate_in_child"]
 
 _CHECK_AUDIO = bytes(16000)  # 0.5 s of silence
 # Imported only when a model of that executor is loaded: the native libraries are optional.
@@ -43,7 +43,7 @@ def load_model(entry: ModelEntry, root: Path, device: str) -> LoadedModel:
     return model
 
 
-def _entry_json(entry: ModelEntry, root: Path) -> dict[str, Any]:
+def entry_json(entry: ModelEntry, root: Path) -> dict[str, Any]:
     """The entry as a models.json ``path`` entry for the folder its files are in, whatever
     their source (hub snapshot, wheels, local path): all the child needs to load it."""
     raw: dict[str, Any] = {
@@ -66,7 +66,7 @@ def validate_in_child(
     Blocking: the pool calls it from the thread that loads the model.
     """
     payload = json.dumps(
-        {"slug": entry.slug, "entry": _entry_json(entry, root), "root": str(root), "device": device}
+        {"slug": entry.slug, "entry": entry_json(entry, root), "root": str(root), "device": device}
     ).encode()
     try:
         result = subprocess.run(

