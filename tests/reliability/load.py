@@ -33,6 +33,7 @@ import tempfile
 import time
 import wave
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -174,6 +175,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def engine_pids(pid: int) -> list[int]:
+    """The engine processes (``python -m talkies.engines.isolated``) the server ``pid`` runs."""
+    found: list[int] = []
+    with suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with suppress(OSError):
+                for child in (task / "children").read_text().split():
+                    with suppress(OSError):
+                        cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+                        if b"talkies.engines.isolated" in cmdline:
+                            found.append(int(child))
+    return found
+
+
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -198,7 +213,13 @@ class ServerProcess:
         return self.proc.pid
 
     def rss_mb(self) -> float:
-        return rss_kib(self.pid) / 1024
+        """The server's resident memory with its engine processes' (each native model runs
+        in a child of its own: talkies/engines/isolated.py)."""
+        total = rss_kib(self.pid)
+        for pid in engine_pids(self.pid):
+            with suppress(OSError, RuntimeError):  # (one that ended meanwhile)
+                total += rss_kib(pid)
+        return total / 1024
 
     def client(self, timeout: float = 120) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=timeout)
