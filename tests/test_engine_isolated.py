@@ -235,17 +235,20 @@ def test_the_pool_loads_again_after_a_crash(pool: ModelPool, korean: bytes) -> N
 # -- the server: it stays up ---------------------------------------------------------------------
 
 
-def _stream_until(server: RunningServer, audio: bytes, crash_after: int | None) -> dict[str, Any]:
-    """Stream ``audio`` at 10x real time and ``end``; or SIGSEGV the engine after
-    ``crash_after`` frames and stop sending. Every event, and the close code."""
+def _stream_until(
+    server: RunningServer, audio: bytes, crash_after: int | None, pace: float = 0.01
+) -> dict[str, Any]:
+    """Stream ``audio`` (a 0.1 s frame every ``pace`` seconds) and ``end``; or SIGSEGV the
+    engine after ``crash_after`` frames and stop sending. Every event, and the close code."""
     out: dict[str, Any] = {"events": [], "code": None}
     with connect(server.url, open_timeout=30, close_timeout=10) as ws:
         ws.send(json.dumps({**START, "model": "vosk-ko"}))
-        assert json.loads(ws.recv(timeout=60))["type"] == "ready"
+        first = json.loads(ws.recv(timeout=60))
+        assert first["type"] == "ready", first
         try:
             for n, i in enumerate(range(0, len(audio), FRAME)):
                 ws.send(audio[i : i + FRAME])
-                time.sleep(0.01)
+                time.sleep(pace)
                 if n == crash_after:
                     (pid,) = _children()
                     os.kill(pid, signal.SIGSEGV)
@@ -329,3 +332,34 @@ def test_a_crash_mid_file_transcription_is_a_500_and_the_next_works(
         _wav(wav, korean[: 32000 * 4])  # a short one now
         again = post()
         assert again.status_code == 200 and again.json()["text"].strip()
+
+
+def test_a_hung_engine_process_is_killed_at_the_deadline(tmp_path: Path, korean: bytes) -> None:
+    """SIGSTOP (a call that never returns): the stream fails at the decode deadline, the
+    process is killed (the round thread waiting on it returns), and the model comes back."""
+    audio = korean[: 32000 * 3]
+    settings = Settings(data_dir=tmp_path, model_max_concurrency=2, decode_timeout=2.0)
+    pool = ModelPool({ENTRY.slug: ENTRY}, settings, validate=False)
+    with run_server(provider=pool) as server:
+        with connect(server.url, open_timeout=30, close_timeout=10) as ws:
+            ws.send(json.dumps({**START, "model": "vosk-ko"}))
+            assert json.loads(ws.recv(timeout=60))["type"] == "ready"  # loaded (and warmed)
+            (pid,) = _children()
+            os.kill(pid, signal.SIGSTOP)
+            sent = time.monotonic()
+            ws.send(audio[:FRAME])
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    event = json.loads(ws.recv(timeout=10))
+            took = time.monotonic() - sent
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4500
+        assert event["detail"] == "the speech engine did not answer within 2 s"
+        assert 2.0 <= took < 5.0
+        _wait_gone(pid)  # killed, not left stopped
+        server.wait_idle(10)
+        # The round thread that waited on it returned (it is not left blocked for good).
+        rounds = server.portal.call(lambda: pool._states["vosk-ko"].loaded).rounds  # type: ignore[union-attr]
+        assert rounds.abandoned == 1 and rounds._running == 0
+        fine = _stream_until(server, audio, crash_after=None, pace=0.05)
+        assert fine["code"] == 1000 and fine["events"][-2]["type"] == "final"
+        assert _children() and pid not in _children()

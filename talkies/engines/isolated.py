@@ -270,6 +270,9 @@ class IsolatedModel(RecognitionModel):
         self._calls = itertools.count(1)
         self._closed = False
         self._reaped = False  # its pipes closed after it ended
+        # It ended or is ending: a call found its socket closed, or it was killed. (poll()
+        # alone can say "running" while another thread is in wait() on it.)
+        self._dead = False
         self._reap_lock = threading.Lock()
 
     @property
@@ -279,7 +282,7 @@ class IsolatedModel(RecognitionModel):
     @property
     def alive(self) -> bool:
         """False once the child has ended (the pool then loads the model again)."""
-        return not self._closed and self._proc.poll() is None
+        return not (self._closed or self._dead) and self._proc.poll() is None
 
     def decode_rounds(self) -> DecodeRounds:
         from .runner import DecodeRounds
@@ -289,6 +292,7 @@ class IsolatedModel(RecognitionModel):
     # -- calls -------------------------------------------------------------------------------
 
     def _crashed(self) -> EngineCrashed:
+        self._dead = True
         try:
             status = self._proc.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
@@ -336,6 +340,20 @@ class IsolatedModel(RecognitionModel):
     def recognition(self, options: StartOptions) -> Recognition:
         rid, batch = self.call("open", options)
         return _RemoteBatch(self, rid) if batch else _Remote(self, rid)
+
+    def kill(self, why: str) -> None:
+        """End the child at once (SIGKILL; it does not wait): its calls in flight and later
+        ones raise :class:`EngineCrashed`, and the pool loads the model again. For a child
+        that is hung: otherwise the round thread waiting on it would stay blocked for good, and
+        the call would go on holding the engine's CPU and memory."""
+        self._dead = True
+        if self._proc.poll() is None:
+            log.error(
+                "killing the engine process",
+                extra={"model": self.slug, "pid": self.pid, "why": why},
+            )
+            with contextlib.suppress(OSError):
+                self._proc.kill()
 
     def close(self) -> None:
         if self._closed:
@@ -392,6 +410,11 @@ class _Remote:
         if self._model.alive:
             with contextlib.suppress(EngineCrashed):
                 self._model.call("close", self.rid)
+
+    def abandon(self) -> None:
+        """A call on it passed the decode deadline (the runtime says so, on the event loop):
+        the engine process is hung, so it is killed (see :meth:`IsolatedModel.kill`)."""
+        self._model.kill("a decode call passed its deadline")
 
 
 class _RemoteBatch(_Remote):

@@ -307,6 +307,15 @@ class DecodeRounds:
             extra={"model": self.label, "seconds": self.timeout, "streams": len(stuck)},
         )
         detail = f"the speech engine did not answer within {self.timeout:g} s"
+        for work in hung:
+            # A recognition that can be stopped (one in an engine process: isolated.py) is;
+            # then its thread returns, instead of staying blocked for good.
+            stop = getattr(work.recognition, "abandon", None)
+            if callable(stop):
+                try:
+                    stop()
+                except Exception:
+                    log.exception("engine failed to stop a hung decode call")
         for stream, work in round_.batch:
             if work in stuck:
                 stream._abandon(detail)
