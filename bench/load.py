@@ -74,8 +74,11 @@ def data_dir() -> Path:
     return load_data_dir(cache_dir() / "load-bench-data", base, sherpa)
 
 
-def trial(model: str, n: int, duration: float, data: Path, logdir: Path) -> dict[str, Any]:
-    server: ServerProcess = start_server(load_env(data, max(n, 1)), logdir)
+def trial(
+    model: str, n: int, duration: float, data: Path, logdir: Path, *, isolation: str = "process"
+) -> dict[str, Any]:
+    env = load_env(data, max(n, 1)) | {"TALKIES_ENGINE_ISOLATION": isolation}
+    server: ServerProcess = start_server(env, logdir)
     try:
         warm = run_paced(server.port, model, stream_audios(model, 1, 2.0))
         warm_problems = warm.problems()
@@ -138,7 +141,7 @@ def search(model: str, args: argparse.Namespace, data: Path, logdir: Path) -> di
 
     def run(n: int) -> bool:
         nonlocal solo_final, best, worst
-        result = trial(model, n, args.duration, data, logdir)
+        result = trial(model, n, args.duration, data, logdir, isolation=args.isolation)
         ok, why = sustained(result, solo_final if n > 1 else None)
         if n == 1:
             solo_final = result["final_lag_p99_s"]
@@ -184,6 +187,12 @@ def main() -> None:
     parser.add_argument("--max-streams", type=int, default=64)
     parser.add_argument("--engine-cap", type=float, default=240.0, help="seconds per engine")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here")
+    parser.add_argument(
+        "--isolation",
+        choices=["process", "thread"],
+        default="process",
+        help="TALKIES_ENGINE_ISOLATION of the server (process: the default of talkies serve)",
+    )
     args = parser.parse_args()
     engines = [e for e in args.engines.split(",") if e]
     started = time.time()
@@ -209,6 +218,7 @@ def main() -> None:
             "latency_bound_ms": BOUND * 1000,
             "frame_ms": 20,
             "duration_s": args.duration,
+            "engine_isolation": args.isolation,
             "latency": "p99(partial receipt - send of the frame completing its audio_seconds) "
             "+ p99 decode round",
         },
