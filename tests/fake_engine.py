@@ -10,8 +10,10 @@ from __future__ import annotations
 import struct
 import threading
 import time
+import wave
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import anyio
 
@@ -165,3 +167,13 @@ class EnergyFileModel(RecognitionModel):
             language=request.language_code,
             cancel=request.cancel,
         )
+
+
+def write_wav(path: Path, pcm: bytes) -> Path:
+    """``pcm`` (16 kHz mono s16le) as a WAV file at ``path``."""
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(pcm)
+    return path

@@ -13,7 +13,6 @@ import os
 import signal
 import threading
 import time
-import wave
 from collections.abc import Iterator
 from difflib import SequenceMatcher
 from pathlib import Path
@@ -34,6 +33,7 @@ from talkies.protocol import EngineEndpoint, EngineFailed, EngineFinal
 from talkies.protocol.messages import StartOptions
 
 from .conftest import RunningServer, run_server
+from .fake_engine import write_wav
 from .reliability.load import speech_pcm
 from .wire import START
 
@@ -287,19 +287,10 @@ def test_a_crashing_engine_never_takes_the_server_down(tmp_path: Path, korean: b
         server.wait_idle(10)
 
 
-def _wav(path: Path, pcm: bytes) -> Path:
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16000)
-        w.writeframes(pcm)
-    return path
-
-
 def test_a_crash_mid_file_transcription_is_a_500_and_the_next_works(
     tmp_path: Path, korean: bytes
 ) -> None:
-    wav = _wav(tmp_path / "ko.wav", korean * 3)  # seconds to decode: time to crash midway
+    wav = write_wav(tmp_path / "ko.wav", korean * 3)  # seconds to decode: time to crash midway
     pool = ModelPool(
         {ENTRY.slug: ENTRY}, Settings(data_dir=tmp_path, model_max_concurrency=2), validate=False
     )
@@ -329,7 +320,7 @@ def test_a_crash_mid_file_transcription_is_a_500_and_the_next_works(
         assert failed.status_code == 500, failed.text
         assert "engine" in failed.json()["error"]["message"]
         assert server.portal.call(lambda: pool.in_use("vosk-ko")) == 0
-        _wav(wav, korean[: 32000 * 4])  # a short one now
+        write_wav(wav, korean[: 32000 * 4])  # a short one now
         again = post()
         assert again.status_code == 200 and again.json()["text"].strip()
 

@@ -8,7 +8,6 @@ import json
 import socket
 import threading
 import time
-import wave
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -24,7 +23,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, TextContent
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from .fake_engine import speech
+from .fake_engine import speech, write_wav
 from .http_hosts import TOKEN, HttpHost
 from .modelgen_whisper import POCKETSPHINX_DATA, normalize_words
 
@@ -32,15 +31,6 @@ pytestmark = pytest.mark.usefixtures("http_data")
 
 GOFORWARD = ["go", "forward", "ten", "meters"]
 T = TypeVar("T")
-
-
-def _wav(path: Path, pcm: bytes) -> Path:
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16000)
-        w.writeframes(pcm)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +41,9 @@ def clips(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("mcp-clips")
     # goforward.raw is headerless PCM16 at 16 kHz; ffmpeg needs a container to know that.
     return {
-        "goforward": _wav(folder / "goforward.wav", raw.read_bytes()),
-        "holder": _wav(folder / "holder.wav", speech(1.0)),
-        "long": _wav(folder / "long.wav", speech(4.0)),
+        "goforward": write_wav(folder / "goforward.wav", raw.read_bytes()),
+        "holder": write_wav(folder / "holder.wav", speech(1.0)),
+        "long": write_wav(folder / "long.wav", speech(4.0)),
     }
 
 

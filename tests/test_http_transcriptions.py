@@ -10,14 +10,13 @@ import socket
 import subprocess
 import threading
 import time
-import wave
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
-from .fake_engine import silence, speech
+from .fake_engine import silence, speech, write_wav
 from .http_hosts import TOKEN, HttpHost
 from .modelgen_whisper import POCKETSPHINX_DATA, normalize_words
 from .wire import START, ws_connect
@@ -27,29 +26,20 @@ pytestmark = pytest.mark.usefixtures("http_data")
 GOFORWARD = ["go", "forward", "ten", "meters"]
 
 
-def _wav(path: Path, pcm: bytes) -> Path:
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16000)
-        w.writeframes(pcm)
-    return path
-
-
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     if not (POCKETSPHINX_DATA / "goforward.raw").is_file():
         pytest.skip("pocketsphinx-testdata is not installed")
     folder = tmp_path_factory.mktemp("clips")
     out = {
-        "goforward": _wav(
+        "goforward": write_wav(
             folder / "goforward.wav", (POCKETSPHINX_DATA / "goforward.raw").read_bytes()
         )
     }
     out["0870"] = POCKETSPHINX_DATA / "librivox" / "sense_and_sensibility_01_austen_64kb-0870.wav"
-    out["energy"] = _wav(folder / "energy.wav", speech(1.0) + silence(1.0) + speech(0.5))
-    out["long"] = _wav(folder / "long.wav", speech(4.0))
-    out["holder"] = _wav(folder / "holder.wav", speech(1.0))
+    out["energy"] = write_wav(folder / "energy.wav", speech(1.0) + silence(1.0) + speech(0.5))
+    out["long"] = write_wav(folder / "long.wav", speech(4.0))
+    out["holder"] = write_wav(folder / "holder.wav", speech(1.0))
     return out
 
 

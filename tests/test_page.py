@@ -18,7 +18,6 @@ import re
 import shutil
 import time
 import urllib.request
-import wave
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,6 +30,7 @@ from talkies.engines.builtin import DEFAULT_MODEL
 from talkies.engines.pool import ModelPool
 
 from .conftest import RunningServer, run_server
+from .fake_engine import write_wav
 from .modelgen_whisper import POCKETSPHINX_DATA, converted_base, normalize_words
 from .spec import spec_close_codes, spec_error_codes
 
@@ -111,15 +111,6 @@ def words(text: str) -> list[str]:
 # -- fixtures ----------------------------------------------------------------------------------
 
 
-def _wav(path: Path, pcm: bytes) -> Path:
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16000)
-        w.writeframes(pcm)
-    return path
-
-
 @pytest.fixture(scope="module")
 def recordings(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     raw = POCKETSPHINX_DATA / "goforward.raw"
@@ -129,8 +120,8 @@ def recordings(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     pcm = raw.read_bytes()
     second = b"\0\0" * 16000
     return {
-        "microphone": _wav(folder / "microphone.wav", second + pcm + second * 40),
-        "file": _wav(folder / "goforward.wav", pcm),
+        "microphone": write_wav(folder / "microphone.wav", second + pcm + second * 40),
+        "file": write_wav(folder / "goforward.wav", pcm),
     }
 
 
