@@ -354,3 +354,31 @@ def test_a_hung_engine_process_is_killed_at_the_deadline(tmp_path: Path, korean:
         fine = _stream_until(server, audio, crash_after=None, pace=0.05)
         assert fine["code"] == 1000 and fine["events"][-2]["type"] == "final"
         assert _children() and pid not in _children()
+
+
+def test_a_paused_stream_hears_of_the_crash_at_once(tmp_path: Path, korean: bytes) -> None:
+    """A client that sent audio and then paused (no frame, no end) is told when its engine
+    process ends, not at its next frame."""
+    pool = ModelPool(
+        {ENTRY.slug: ENTRY}, Settings(data_dir=tmp_path, model_max_concurrency=2), validate=False
+    )
+    with run_server(provider=pool) as server:
+        with connect(server.url, open_timeout=30, close_timeout=10) as ws:
+            ws.send(json.dumps({**START, "model": "vosk-ko"}))
+            assert json.loads(ws.recv(timeout=60))["type"] == "ready"
+            for i in range(0, 10 * FRAME, FRAME):
+                ws.send(korean[i : i + FRAME])
+            time.sleep(1.0)  # decoded; the client now sends nothing
+            (pid,) = _children()
+            os.kill(pid, signal.SIGKILL)
+            killed = time.monotonic()
+            events: list[dict[str, Any]] = []
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    events.append(json.loads(ws.recv(timeout=10)))
+            took = time.monotonic() - killed
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4500
+        assert events[-1]["code"] == "server_error"
+        assert events[-1]["detail"] == "the engine process of model 'vosk-ko' was killed by SIGKILL"
+        assert took < 2.0
+        server.wait_idle(10)

@@ -274,6 +274,33 @@ class IsolatedModel(RecognitionModel):
         # alone can say "running" while another thread is in wait() on it.)
         self._dead = False
         self._reap_lock = threading.Lock()
+        threading.Thread(target=self._watch, name=f"talkies-engine-{slug}", daemon=True).start()
+
+    def _watch(self) -> None:
+        """Watcher thread: when the child ends by itself, the model's open streams fail at
+        once, not at their next call (a client that paused would otherwise learn it late)."""
+        status = self._proc.wait()
+        if self._closed:
+            return
+        self._dead = True
+        detail = f"the engine process of model {self.slug!r} {_describe_exit(status)}"
+        self._reap(status)
+        if self._rounds is not None:
+            self._rounds.fail_all(detail)
+
+    def _reap(self, status: int | None) -> None:
+        """The child has ended: its pipes and socket folder go now, not when the pool
+        replaces the proxy."""
+        with self._reap_lock:
+            if self._reaped:
+                return
+            self._reaped = True
+        log.error(
+            "engine process ended",
+            extra={"model": self.slug, "pid": self._proc.pid, "status": status},
+        )
+        _stop(self._proc, wait=0.0)
+        shutil.rmtree(self._folder, ignore_errors=True)
 
     @property
     def pid(self) -> int:
@@ -297,16 +324,8 @@ class IsolatedModel(RecognitionModel):
             status = self._proc.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
             status = None
-        else:  # gone: its pipes and socket folder now, not when the pool replaces it
-            with self._reap_lock:
-                if not self._reaped:
-                    self._reaped = True
-                    log.error(
-                        "engine process ended",
-                        extra={"model": self.slug, "pid": self._proc.pid, "status": status},
-                    )
-                    _stop(self._proc, wait=0.0)
-                    shutil.rmtree(self._folder, ignore_errors=True)
+        else:
+            self._reap(status)
         detail = f"the engine process of model {self.slug!r} {_describe_exit(status)}"
         return EngineCrashed(detail)
 

@@ -150,6 +150,7 @@ class DecodeRounds:
         self.rounds = 0  # rounds run, for tests and benchmarks
         self.abandoned = 0  # rounds given up at the deadline, for tests
         self.label = ""  # the model's slug: the ``model`` label of the round-time histogram
+        self._wake_any: _Wake = _ignore  # schedules on the streams' event loop (fail_all)
 
     @property
     def open_streams(self) -> int:
@@ -180,8 +181,19 @@ class DecodeRounds:
         self._ready.append(stream)
         return True
 
+    def fail_all(self, detail: str) -> None:
+        """Fail every open stream of the model that is not inside a round (those fail by their
+        call): their engine is gone (an engine process that ended, isolated.py). Thread-safe:
+        it runs on the event loop of the streams, which it knows once one has had audio."""
+        self._wake_any(lambda: self._fail_all(detail))
+
+    def _fail_all(self, detail: str) -> None:
+        for stream in list(self._open):
+            stream._fail(detail)
+
     def _poke(self, stream: ThreadedStream) -> None:
         """``stream`` got work (audio, its end): queue it; start a round if one may start."""
+        self._wake_any = stream._wake_loop
         if not self._enqueue(stream) or self._running >= self.parallel:
             return  # a round in progress starts the next one when it ends
         if self._gathering is not None:
@@ -424,6 +436,16 @@ class ThreadedStream:
         self._more = False
         self._outbox.append(EngineFailed(detail=detail))
         self._idle.set()
+        self._signal.set()
+
+    def _fail(self, detail: str) -> None:
+        """Its engine is gone: unless a round has it (whose call fails by itself) or it has
+        ended, it fails now rather than at its next feed or flush."""
+        if self._busy or self._ended or self._closed:
+            return
+        self._ended = True
+        self._more = False
+        self._outbox.append(EngineFailed(detail=detail))
         self._signal.set()
 
     def _give_back(self, work: Work) -> None:
