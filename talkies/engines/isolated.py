@@ -153,25 +153,22 @@ def load_isolated(
         close_fds=True,
     )
     assert proc.stdin is not None and proc.stdout is not None
-    tail = _pass_stderr(proc)
+    tail, copier = _pass_stderr(proc)
     try:
         with contextlib.suppress(BrokenPipeError):  # it ended at once: the hello says how
             proc.stdin.write(json.dumps(request).encode() + b"\n")
             proc.stdin.flush()
         hello = _read_hello(proc, timeout)
     except EngineUnavailable as exc:
-        _stop(proc, wait=0.0)
-        shutil.rmtree(folder, ignore_errors=True)
-        time.sleep(0.05)  # the last lines of its stderr
+        _discard(proc, folder, wait=0.0)
+        copier.join(1.0)  # its stderr, to the end, for the message
         last = tail[-1][:300] if tail else "no output"
         raise EngineUnavailable(f"model {entry.slug!r} {exc}: {last}") from None
     except BaseException:
-        _stop(proc, wait=0.0)
-        shutil.rmtree(folder, ignore_errors=True)
+        _discard(proc, folder, wait=0.0)
         raise
     if not hello.get("ok"):
-        _stop(proc, wait=_CLOSE_WAIT)
-        shutil.rmtree(folder, ignore_errors=True)
+        _discard(proc, folder, wait=_CLOSE_WAIT)
         raise EngineUnavailable(f"model {entry.slug!r} could not be loaded: {hello.get('error')}")
     cls = IsolatedFileModel if hello.get("files") else IsolatedModel
     return cls(
@@ -185,9 +182,10 @@ def load_isolated(
     )
 
 
-def _pass_stderr(proc: subprocess.Popen[bytes]) -> deque[str]:
+def _pass_stderr(proc: subprocess.Popen[bytes]) -> tuple[deque[str], threading.Thread]:
     """Copy the child's stderr (its JSON log lines, a native library's messages) to ours, as
-    it comes; the last lines are kept for the message of a failed load."""
+    it comes, in a thread that ends with it; the last lines are kept for the message of a
+    failed load."""
     tail: deque[str] = deque(maxlen=5)
     stream = proc.stderr
     assert stream is not None
@@ -203,8 +201,9 @@ def _pass_stderr(proc: subprocess.Popen[bytes]) -> deque[str]:
                 out.flush()
         stream.close()
 
-    threading.Thread(target=copy, name="talkies-engine-stderr", daemon=True).start()
-    return tail
+    copier = threading.Thread(target=copy, name="talkies-engine-stderr", daemon=True)
+    copier.start()
+    return tail, copier
 
 
 def _read_hello(proc: subprocess.Popen[bytes], timeout: float) -> dict[str, Any]:
@@ -243,6 +242,12 @@ def _stop(proc: subprocess.Popen[bytes], *, wait: float) -> None:
         proc.wait()
     if proc.stdout is not None:
         proc.stdout.close()
+
+
+def _discard(proc: subprocess.Popen[bytes], folder: Path, *, wait: float) -> None:
+    """:func:`_stop` the child and remove its socket folder."""
+    _stop(proc, wait=wait)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 class IsolatedModel(RecognitionModel):
@@ -291,16 +296,21 @@ class IsolatedModel(RecognitionModel):
     def _reap(self, status: int | None) -> None:
         """The child has ended: its pipes and socket folder go now, not when the pool
         replaces the proxy."""
+        if self._release(wait=0.0):
+            log.error(
+                "engine process ended",
+                extra={"model": self.slug, "pid": self._proc.pid, "status": status},
+            )
+
+    def _release(self, *, wait: float) -> bool:
+        """:func:`_discard` the child, once (whichever of its end and :meth:`close` comes
+        first); whether this call did it."""
         with self._reap_lock:
             if self._reaped:
-                return
+                return False
             self._reaped = True
-        log.error(
-            "engine process ended",
-            extra={"model": self.slug, "pid": self._proc.pid, "status": status},
-        )
-        _stop(self._proc, wait=0.0)
-        shutil.rmtree(self._folder, ignore_errors=True)
+            _discard(self._proc, self._folder, wait=wait)
+            return True
 
     @property
     def pid(self) -> int:
@@ -381,11 +391,7 @@ class IsolatedModel(RecognitionModel):
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             conn.close()
-        with self._reap_lock:
-            if not self._reaped:
-                self._reaped = True
-                _stop(self._proc, wait=_CLOSE_WAIT)
-                shutil.rmtree(self._folder, ignore_errors=True)
+        self._release(wait=_CLOSE_WAIT)
 
 
 class IsolatedFileModel(IsolatedModel):

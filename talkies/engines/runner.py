@@ -193,7 +193,6 @@ class DecodeRounds:
 
     def _poke(self, stream: ThreadedStream) -> None:
         """``stream`` got work (audio, its end): queue it; start a round if one may start."""
-        self._wake_any = stream._wake_loop
         if not self._enqueue(stream) or self._running >= self.parallel:
             return  # a round in progress starts the next one when it ends
         if self._gathering is not None:
@@ -389,6 +388,7 @@ class ThreadedStream:
         if self._loop_token is None:  # the loop this stream is used from (first feed/flush)
             self._loop_token = anyio.lowlevel.current_token()
             self._wake_loop = _waker(self._loop_token)
+            self._rounds._wake_any = self._wake_loop  # (for fail_all: the streams' loop)
         return self._loop_token
 
     def _has_work(self) -> bool:
@@ -432,17 +432,17 @@ class ThreadedStream:
         thread that holds it (closed when the call returns, never used again)."""
         self._busy = False
         self._abandoned = True
-        self._ended = True
-        self._more = False
-        self._outbox.append(EngineFailed(detail=detail))
         self._idle.set()
-        self._signal.set()
+        self._end_failed(detail)
 
     def _fail(self, detail: str) -> None:
         """Its engine is gone: unless a round has it (whose call fails by itself) or it has
         ended, it fails now rather than at its next feed or flush."""
-        if self._busy or self._ended or self._closed:
-            return
+        if not (self._busy or self._ended or self._closed):
+            self._end_failed(detail)
+
+    def _end_failed(self, detail: str) -> None:
+        """Nothing more to decode: an EngineFailed for the consumer."""
         self._ended = True
         self._more = False
         self._outbox.append(EngineFailed(detail=detail))
