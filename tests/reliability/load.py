@@ -189,6 +189,19 @@ def engine_pids(pid: int) -> list[int]:
     return found
 
 
+def wait_ended(pid: int, timeout: float = 10.0) -> None:
+    """Until the process ``pid`` has ended (gone, or a zombie for its parent to reap)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if "State:\tZ" in Path(f"/proc/{pid}/status").read_text():
+                return
+        except OSError:
+            return
+        assert time.monotonic() < deadline, f"process {pid} did not end"
+        time.sleep(0.01)
+
+
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):

@@ -7,7 +7,6 @@ checks against the row's outcome.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -17,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-import wave
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -28,7 +26,7 @@ import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from ..fake_engine import speech
+from ..fake_engine import speech, wav_bytes
 from ..wire import START, drain, open_stream, ws_connect
 from .clients import FrameReader, bystanders, connect, frame, read_until_ready, upgrade
 from .fault_server import POISON
@@ -350,19 +348,6 @@ def native_abort_on_load(target: FaultTarget) -> Facts:
         )
 
 
-def _wait_ended(pid: int, timeout: float = 10.0) -> None:
-    """Until the process ``pid`` has ended (gone, or a zombie for its parent to reap)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if "State:\tZ" in Path(f"/proc/{pid}/status").read_text():
-                return
-        except OSError:
-            return
-        assert time.monotonic() < deadline, f"process {pid} did not end"
-        time.sleep(0.01)
-
-
 def _vosk_stream(host: FaultHost, pcm: bytes) -> bool | str:
     """A stream on the real Korean Vosk model: ready, ``pcm``, end, and a final with words."""
     ws = ws_connect(host.ws_url)
@@ -383,7 +368,7 @@ def _vosk_stream(host: FaultHost, pcm: bytes) -> bool | str:
 
 @runner("engine-crashes", "process")
 def engine_crashes(target: FaultTarget) -> Facts:
-    from .load import engine_pids, speech_pcm
+    from .load import engine_pids, speech_pcm, wait_ended
 
     host = target.process
     korean = speech_pcm("ko")[: 32000 * 3]
@@ -394,7 +379,7 @@ def engine_crashes(target: FaultTarget) -> Facts:
     ws = open_stream(host.ws_url, model="vosk-ko")
     ws.send(korean[:3200])
     os.kill(engine, signal.SIGSEGV)  # as a native library's fault would end it
-    _wait_ended(engine)  # (it may answer a call or two while the signal lands)
+    wait_ended(engine)  # (it may answer a call or two while the signal lands)
     sent = time.monotonic()
     with suppress(ConnectionClosed):
         ws.send(korean[3200:6400])  # its next decode call finds the process gone
@@ -509,22 +494,12 @@ def leave_after_end(target: FaultTarget) -> Facts:
     return _left(host, leave)
 
 
-def _wav(pcm: bytes) -> bytes:
-    out = io.BytesIO()
-    with wave.open(out, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16000)
-        w.writeframes(pcm)
-    return out.getvalue()
-
-
 def _upload_parts(pcm: bytes) -> tuple[bytes, bytes]:
     """A transcription upload on ``energy-test``: (request head, multipart body)."""
     body = (
         b'--B\r\nContent-Disposition: form-data; name="model"\r\n\r\nenergy-test\r\n'
         b'--B\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
-        b"Content-Type: audio/wav\r\n\r\n" + _wav(pcm) + b"\r\n--B--\r\n"
+        b"Content-Type: audio/wav\r\n\r\n" + wav_bytes(pcm) + b"\r\n--B--\r\n"
     )
     head = (
         b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\n"

@@ -10,7 +10,6 @@ import os
 import re
 import threading
 import time
-import wave
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -30,7 +29,7 @@ from talkies.transport.asgi import TalkiesASGI
 from talkies.transport.http import HttpLimits
 from talkies.transport.server import ServerOptions
 
-from ..fake_engine import FakeProvider, speech
+from ..fake_engine import FakeProvider, speech, write_wav
 from ..http_hosts import TOKEN
 from ..wire import START
 from .clients import (
@@ -370,14 +369,6 @@ VOICE_TRICKS: dict[str, list[str]] = {
 }
 
 
-def _wav(path: Path) -> None:
-    with wave.open(str(path), "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(16000)
-        out.writeframes(speech(1.0))
-
-
 def _voice_runner(name: str) -> None:
     def run(target: Target) -> Facts:
         data = target.tmp / "data"
@@ -385,8 +376,8 @@ def _voice_runner(name: str) -> None:
         outside = target.tmp / "outside"
         voices.mkdir(parents=True)
         outside.mkdir()
-        _wav(voices / "anna.wav")
-        _wav(outside / "secret.wav")
+        write_wav(voices / "anna.wav", speech(1.0))
+        write_wav(outside / "secret.wav", speech(1.0))
         (voices / "leak.wav").symlink_to(outside / "secret.wav")
         (voices / "linked").symlink_to(outside, target_is_directory=True)
         assert reference_voice(data, "anna").audio == (voices / "anna.wav").resolve()

@@ -18,14 +18,12 @@ the workers side by side).
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
 import random
 import threading
 import time
-import wave
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,6 +31,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from ..fake_engine import wav_bytes
 from .clients import FrameReader, ServerFrames, frame, read_until_ready, upgrade
 from .load import ServerProcess, load_env, speech_pcm, start_server, stop_server
 
@@ -170,17 +169,12 @@ class Traffic:
         self._check(f"error-{case}", got.close == 4400 and errors == [case], (got.close, errors))
 
     def transcription(self) -> None:
-        buffer = io.BytesIO()
-        with wave.open(buffer, "wb") as w:
-            w.setnchannels(1)
-            w.setsampwidth(2)
-            w.setframerate(16000)
-            w.writeframes(self._audio(self.rng.uniform(1.0, 2.0)))
+        wav = wav_bytes(self._audio(self.rng.uniform(1.0, 2.0)))
         with self.server.client() as client:
             response = client.post(
                 "/v1/audio/transcriptions",
                 data={"model": MODEL},
-                files={"file": ("speech.wav", buffer.getvalue(), "audio/wav")},
+                files={"file": ("speech.wav", wav, "audio/wav")},
             )
         ok = response.status_code == 200 and isinstance(response.json().get("text"), str)
         self._check("transcription", ok, (response.status_code, response.text[:200]))
