@@ -24,6 +24,8 @@ import math
 from collections.abc import Callable
 from typing import Any, cast
 
+import anyio
+
 from .. import audio
 from ..engines.pool import ModelPool
 from ..engines.tts.base import (
@@ -144,8 +146,7 @@ async def _start(
     loaded, release = await acquire_model(pool, slug)
     model = cast(SpeechModel, loaded)  # a TTS entry's executor loads a speech model
     try:
-        model.validate(speech)
-        stream = await model.synthesize(speech, chunk_steps=chunk_steps)
+        stream = await model.synthesize(speech, chunk_steps=chunk_steps)  # validates first
     except SpeechError as exc:
         release()
         raise _refused(exc) from None
@@ -222,5 +223,6 @@ async def voices_route(request: Request, *, pool: ModelPool) -> Response:
     if loaded is None:  # load it (that needs a slot for the moment)
         loaded, release = await acquire_model(pool, slug)
         release()
-    voices = cast(SpeechModel, loaded).voices()
+    # A worker thread: for a model in an engine process this is a call to it.
+    voices = await anyio.to_thread.run_sync(cast(SpeechModel, loaded).voices)
     return json_response(200, {"object": "list", "model": slug, "voices": voices})

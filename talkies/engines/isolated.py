@@ -1,11 +1,13 @@
 """Native speech engines in a process of their own, so that a crash in one never ends the server.
 
-Vosk, sherpa-onnx, whisper.cpp and parakeet.cpp are native libraries: a bad model, a bug or an
+Vosk, sherpa-onnx, whisper.cpp and parakeet.cpp are native libraries, and so are torch and
+onnxruntime under the speech models (Qwen3-TTS, Kokoro): a bad model, a bug or an
 out-of-memory in them can end the process that called them (a segmentation fault, an
 ``abort()``, sherpa's ``exit(255)``), with no exception and no cleanup. With
 ``TALKIES_ENGINE_ISOLATION=process`` (the default) the pool loads each such model in a child
 process (``python -m talkies.engines.isolated``) and talks to it over local sockets; the server
-keeps only a proxy (:class:`IsolatedModel`).
+keeps only a proxy (:class:`IsolatedModel`, or :class:`IsolatedSpeechModel` for a speech model,
+whose synthesis streams its chunks over a connection of its own).
 
 - **Same runtime.** The proxy is a :class:`~talkies.engines.base.RecognitionModel` like the
   others: the server's decode rounds (:mod:`talkies.engines.runner`) with their byte-bounded
@@ -35,6 +37,7 @@ of this package, authenticated both ways; nothing else can connect.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -52,6 +55,8 @@ from dataclasses import replace
 from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import anyio
 
 from ..config import Settings
 from ..protocol import EngineFinal, ErrorCode
@@ -71,6 +76,16 @@ from .base import (
     Work,
 )
 from .registry import ModelEntry, entry_from_json
+from .tts.base import (
+    Emitter,
+    SpeechError,
+    SpeechErrorKind,
+    SpeechModel,
+    SpeechRequest,
+    SpeechStream,
+    SynthesisFailed,
+    start_synthesis,
+)
 from .validate import entry_json, load_model
 
 if TYPE_CHECKING:
@@ -81,18 +96,23 @@ __all__ = [
     "EngineCrashed",
     "IsolatedFileModel",
     "IsolatedModel",
+    "IsolatedSpeechModel",
     "isolates",
     "load_engine",
     "load_isolated",
+    "load_isolated_speech",
 ]
 
 log = logging.getLogger("talkies.engines")
 
-# The executors whose models run in a child with TALKIES_ENGINE_ISOLATION=process (native code).
-ISOLATED_EXECUTORS = frozenset({"sherpa", "vosk", "whisper", "parakeet_cpp"})
+# The executors whose models run in a child with TALKIES_ENGINE_ISOLATION=process (native
+# code: the ASR libraries, and torch and onnxruntime under the speech models).
+ISOLATED_EXECUTORS = frozenset({"sherpa", "vosk", "whisper", "parakeet_cpp", "qwen3_tts", "kokoro"})
 
 _HELLO = "TALKIES-ENGINE "  # the prefix of the child's one line on stdout
 _CLOSE_WAIT = 10.0  # seconds a closed child has to free its model before it is killed
+_CALL_WAIT = 30.0  # seconds a speech model's voices/validate call may take: else it is hung
+_STOP_POLL = 0.05  # how often a synthesis relay waiting for the child looks at its stop flag
 
 
 class EngineCrashed(RuntimeError):
@@ -133,6 +153,43 @@ def load_isolated(
     """Start a child that loads ``entry`` and return its proxy (blocking: the pool calls it
     from the thread that loads the model). A load that fails, crashes or takes longer than
     ``timeout`` seconds is an :class:`EngineUnavailable`."""
+    proc, folder, address, key, hello = _spawn(entry, root, device, {}, timeout)
+    cls = IsolatedFileModel if hello.get("files") else IsolatedModel
+    return cls(
+        entry.slug,
+        proc,
+        folder,
+        address,
+        key,
+        parallel=int(hello.get("parallel", 1)),
+        gather=float(hello.get("gather", 0.0)),
+    )
+
+
+def load_isolated_speech(
+    entry: ModelEntry, root: Path, device: str, data_dir: Path, *, timeout: float = 300.0
+) -> IsolatedSpeechModel:
+    """:func:`load_isolated` for a speech (TTS) entry: its proxy is a
+    :class:`~talkies.engines.tts.base.SpeechModel`. ``data_dir`` holds the custom voices."""
+    proc, folder, address, key, hello = _spawn(
+        entry, root, device, {"speech": True, "data_dir": str(data_dir)}, timeout
+    )
+    return IsolatedSpeechModel(
+        entry.slug,
+        proc,
+        folder,
+        address,
+        key,
+        sample_rate=int(hello["sample_rate"]),
+        streaming=bool(hello["streaming"]),
+    )
+
+
+def _spawn(
+    entry: ModelEntry, root: Path, device: str, extra: dict[str, Any], timeout: float
+) -> tuple[subprocess.Popen[bytes], Path, str, bytes, dict[str, Any]]:
+    """Start the child, send it the request, wait for its ready line: the child, its socket
+    folder and address, the key, and what it said of the model."""
     folder = Path(tempfile.mkdtemp(prefix="talkies-engine-"))  # mode 0700
     address = str(folder / "socket")
     key = os.urandom(32)
@@ -144,9 +201,11 @@ def load_isolated(
         "address": address,
         "key": key.hex(),
         "log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+        **extra,
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "talkies.engines.isolated"],
+        # The slug only names the process for ps and top; the request says what to load.
+        [sys.executable, "-m", "talkies.engines.isolated", entry.slug],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -170,16 +229,7 @@ def load_isolated(
     if not hello.get("ok"):
         _discard(proc, folder, wait=_CLOSE_WAIT)
         raise EngineUnavailable(f"model {entry.slug!r} could not be loaded: {hello.get('error')}")
-    cls = IsolatedFileModel if hello.get("files") else IsolatedModel
-    return cls(
-        entry.slug,
-        proc,
-        folder,
-        address,
-        key,
-        parallel=int(hello.get("parallel", 1)),
-        gather=float(hello.get("gather", 0.0)),
-    )
+    return proc, folder, address, key, hello
 
 
 def _pass_stderr(proc: subprocess.Popen[bytes]) -> tuple[deque[str], threading.Thread]:
@@ -250,27 +300,17 @@ def _discard(proc: subprocess.Popen[bytes], folder: Path, *, wait: float) -> Non
     shutil.rmtree(folder, ignore_errors=True)
 
 
-class IsolatedModel(RecognitionModel):
-    """The server's proxy for a model loaded in a child process (see the module)."""
+class _EngineProcess:
+    """The server's side of one engine process: its life, its end, and calls to it."""
 
     def __init__(
-        self,
-        slug: str,
-        proc: subprocess.Popen[bytes],
-        folder: Path,
-        address: str,
-        key: bytes,
-        *,
-        parallel: int,
-        gather: float,
+        self, slug: str, proc: subprocess.Popen[bytes], folder: Path, address: str, key: bytes
     ) -> None:
         self.slug = slug
         self._proc = proc
         self._folder = folder
         self._address = address
         self._key = key
-        self._parallel = parallel
-        self._gather = gather
         self._local = threading.local()  # each thread's connection
         self._calls = itertools.count(1)
         self._closed = False
@@ -278,20 +318,21 @@ class IsolatedModel(RecognitionModel):
         # It ended or is ending: a call found its socket closed, or it was killed. (poll()
         # alone can say "running" while another thread is in wait() on it.)
         self._dead = False
+        self._killed_for: str | None = None  # why this side killed it (kill())
         self._reap_lock = threading.Lock()
         threading.Thread(target=self._watch, name=f"talkies-engine-{slug}", daemon=True).start()
 
     def _watch(self) -> None:
-        """Watcher thread: when the child ends by itself, the model's open streams fail at
-        once, not at their next call (a client that paused would otherwise learn it late)."""
+        """Watcher thread: notes at once that the child ended by itself."""
         status = self._proc.wait()
         if self._closed:
             return
         self._dead = True
-        detail = f"the engine process of model {self.slug!r} {_describe_exit(status)}"
         self._reap(status)
-        if self._rounds is not None:
-            self._rounds.fail_all(detail)
+        self._ended(self._end_detail(status))
+
+    def _ended(self, detail: str) -> None:
+        """The child ended by itself (the watcher thread calls this once)."""
 
     def _reap(self, status: int | None) -> None:
         """The child has ended: its pipes and socket folder go now, not when the pool
@@ -321,11 +362,6 @@ class IsolatedModel(RecognitionModel):
         """False once the child has ended (the pool then loads the model again)."""
         return not (self._closed or self._dead) and self._proc.poll() is None
 
-    def decode_rounds(self) -> DecodeRounds:
-        from .runner import DecodeRounds
-
-        return DecodeRounds(self._parallel, gather=self._gather)
-
     # -- calls -------------------------------------------------------------------------------
 
     def _crashed(self) -> EngineCrashed:
@@ -336,15 +372,20 @@ class IsolatedModel(RecognitionModel):
             status = None
         else:
             self._reap(status)
-        detail = f"the engine process of model {self.slug!r} {_describe_exit(status)}"
-        return EngineCrashed(detail)
+        return EngineCrashed(self._end_detail(status))
+
+    def _end_detail(self, status: int | None) -> str:
+        how = _describe_exit(status)
+        if self._killed_for is not None:
+            how = f"was killed: {self._killed_for}"
+        return f"the engine process of model {self.slug!r} {how}"
 
     def _connect(self) -> Connection:
         if self._closed:
             raise EngineCrashed(f"model {self.slug!r} was unloaded")
         try:
             return Client(self._address, family="AF_UNIX", authkey=self._key)
-        except OSError:
+        except (OSError, EOFError):  # EOF: it ended during the handshake
             raise self._crashed() from None
 
     def _conn(self) -> Connection:
@@ -362,21 +403,29 @@ class IsolatedModel(RecognitionModel):
             raise self._crashed() from None
         return _result(reply)
 
-    def call(self, *message: Any) -> Any:
-        """One request on this thread's connection; its answer, or what the child raised."""
-        return self._exchange(self._conn(), message)
-
-    def recognition(self, options: StartOptions) -> Recognition:
-        rid, batch = self.call("open", options)
-        return _RemoteBatch(self, rid) if batch else _Remote(self, rid)
+    def call(self, *message: Any, timeout: float | None = None) -> Any:
+        """One request on this thread's connection; its answer, or what the child raised.
+        A child with no answer (connecting included) within ``timeout`` seconds is taken to
+        be hung and killed (:meth:`kill`): the call then raises :class:`EngineCrashed`."""
+        if timeout is None:
+            return self._exchange(self._conn(), message)
+        why = f"a {message[0]!r} call had no answer within {timeout:g} s"
+        watchdog = threading.Timer(timeout, self.kill, args=(why,))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            return self._exchange(self._conn(), message)
+        finally:
+            watchdog.cancel()
 
     def kill(self, why: str) -> None:
         """End the child at once (SIGKILL; it does not wait): its calls in flight and later
         ones raise :class:`EngineCrashed`, and the pool loads the model again. For a child
-        that is hung: otherwise the round thread waiting on it would stay blocked for good, and
-        the call would go on holding the engine's CPU and memory."""
+        that is hung: otherwise the thread waiting on it would stay blocked for good, and the
+        call would go on holding the engine's CPU and memory."""
         self._dead = True
         if self._proc.poll() is None:
+            self._killed_for = why
             log.error(
                 "killing the engine process",
                 extra={"model": self.slug, "pid": self.pid, "why": why},
@@ -392,6 +441,40 @@ class IsolatedModel(RecognitionModel):
         if conn is not None:
             conn.close()
         self._release(wait=_CLOSE_WAIT)
+
+
+class IsolatedModel(_EngineProcess, RecognitionModel):
+    """The server's proxy for a recognition model loaded in a child process (see the module)."""
+
+    def __init__(
+        self,
+        slug: str,
+        proc: subprocess.Popen[bytes],
+        folder: Path,
+        address: str,
+        key: bytes,
+        *,
+        parallel: int,
+        gather: float,
+    ) -> None:
+        self._parallel = parallel
+        self._gather = gather
+        super().__init__(slug, proc, folder, address, key)
+
+    def _ended(self, detail: str) -> None:
+        # The model's open streams fail at once, not at their next call: a client that
+        # paused would otherwise learn it late.
+        if self._rounds is not None:
+            self._rounds.fail_all(detail)
+
+    def decode_rounds(self) -> DecodeRounds:
+        from .runner import DecodeRounds
+
+        return DecodeRounds(self._parallel, gather=self._gather)
+
+    def recognition(self, options: StartOptions) -> Recognition:
+        rid, batch = self.call("open", options)
+        return _RemoteBatch(self, rid) if batch else _Remote(self, rid)
 
 
 class IsolatedFileModel(IsolatedModel):
@@ -453,6 +536,79 @@ class _RemoteBatch(_Remote):
             one.more = more
 
 
+class IsolatedSpeechModel(_EngineProcess):
+    """The server's proxy for a speech (TTS) model loaded in a child process: a
+    :class:`~talkies.engines.tts.base.SpeechModel`.
+
+    A synthesis is one connection of its own: the child streams ``("chunk", pcm, steps)``
+    messages and ends with the step count or the error. Here a worker thread (the same
+    :func:`~talkies.engines.tts.base.start_synthesis` as an in-process model, so the same
+    bounded queue, stop flag and ``aclose``) relays them; a reader that stops closes the
+    connection, and the child stops generating at its next step. A crash fails the
+    synthesis in flight (a 500, or the streamed body cut short) and the next request loads
+    the model again.
+    """
+
+    def __init__(
+        self,
+        slug: str,
+        proc: subprocess.Popen[bytes],
+        folder: Path,
+        address: str,
+        key: bytes,
+        *,
+        sample_rate: int,
+        streaming: bool,
+    ) -> None:
+        self.sample_rate = sample_rate
+        self.streaming = streaming
+        # One synthesis at a time, as in the model itself (a second waits here, in its own
+        # worker thread, and gives up when its reader leaves).
+        self._lock = threading.Lock()
+        super().__init__(slug, proc, folder, address, key)
+
+    def voices(self) -> list[str]:
+        """Blocking (a call to the child): the event loop calls it from a worker thread."""
+        voices: list[str] = self.call("voices", timeout=_CALL_WAIT)
+        return voices
+
+    def validate(self, request: SpeechRequest) -> None:
+        """Blocking (a call to the child), like :meth:`voices`."""
+        self.call("validate", request, timeout=_CALL_WAIT)
+
+    async def synthesize(self, request: SpeechRequest, *, chunk_steps: int = 8) -> SpeechStream:
+        if chunk_steps < 1:
+            raise ValueError("chunk_steps must be at least 1")
+        if self._closed:
+            raise RuntimeError(f"model {self.slug!r} was closed")
+        await anyio.to_thread.run_sync(self.validate, request)
+        job = functools.partial(self._relay, request, chunk_steps)
+        return start_synthesis(job, lock=self._lock, max_chunks=1, name=self.slug)
+
+    def _relay(self, request: SpeechRequest, chunk_steps: int, emitter: Emitter) -> None:
+        """The worker thread's job: the child's chunks into the stream's queue."""
+        with self._connect() as conn:
+            steps = 0
+            try:
+                conn.send(("synthesize", request, chunk_steps))
+                while True:
+                    while not conn.poll(_STOP_POLL):
+                        emitter.check()  # the reader left: closing the connection stops it
+                    reply = conn.recv()
+                    if reply[0] != "chunk":
+                        total = int(_result(reply))
+                        for _ in range(total - steps):
+                            emitter.step()
+                        return
+                    _, pcm, total = reply
+                    for _ in range(total - steps):
+                        emitter.step()
+                    steps = total
+                    emitter.emit(pcm)
+            except (EOFError, OSError):
+                raise self._crashed() from None
+
+
 def _result(reply: tuple[Any, ...]) -> Any:
     """The value of a reply, or the child's exception raised again here."""
     kind = reply[0]
@@ -462,6 +618,8 @@ def _result(reply: tuple[Any, ...]) -> Any:
         raise Refusal(ErrorCode(reply[1]), reply[2])
     if kind == "cancelled":
         raise TranscriptionCancelled(reply[1])
+    if kind == "speech_error":
+        raise SpeechError(SpeechErrorKind(reply[1]), reply[2], param=reply[3])
     raise RuntimeError(reply[1])
 
 
@@ -556,9 +714,127 @@ class _Child:
         self.model.close()
 
 
+def _speech_failure(exc: Exception) -> tuple[Any, ...]:
+    """The reply for what a speech model raised (the child's side of :func:`_result`)."""
+    if isinstance(exc, SpeechError):
+        return ("speech_error", exc.kind.value, exc.message, exc.param)
+    if not isinstance(exc, SynthesisFailed):  # that one was logged where it was raised
+        log.exception("speech engine call failed")
+    return ("error", f"{type(exc).__name__}: {exc}")
+
+
+class _SpeechChild:
+    """The engine process of a speech model: answers voices, validate and synthesize."""
+
+    def __init__(self, model: SpeechModel) -> None:
+        self.model = model
+
+    def serve(self, conn: Connection) -> None:
+        """Answer one connection's requests until it closes; a synthesis is its last."""
+        with conn:
+            while True:
+                try:
+                    message = conn.recv()
+                except (EOFError, OSError):
+                    return
+                kind = message[0]
+                if kind == "synthesize":
+                    anyio.run(self._synthesize, conn, message[1], message[2])
+                    return
+                try:
+                    if kind == "voices":
+                        reply: tuple[Any, ...] = ("ok", self.model.voices())
+                    elif kind == "validate":
+                        self.model.validate(message[1])
+                        reply = ("ok", None)
+                    else:
+                        raise ValueError(f"unknown request {kind!r}")
+                except Exception as exc:
+                    reply = _speech_failure(exc)
+                if not _send(conn, reply):
+                    return
+
+    async def _synthesize(self, conn: Connection, request: SpeechRequest, steps: int) -> None:
+        try:
+            stream = await self.model.synthesize(request, chunk_steps=steps)
+        except Exception as exc:
+            _send(conn, _speech_failure(exc))
+            return
+        reply: tuple[Any, ...] = ("error", "the synthesis was stopped")
+        async with stream, anyio.create_task_group() as group:
+
+            async def server_left() -> None:
+                # The server closes the connection when its reader stops (or it ended):
+                # closing the stream stops the model at its next step.
+                await anyio.wait_readable(conn.fileno())
+                group.cancel_scope.cancel()
+
+            group.start_soon(server_left)
+            try:
+                async for chunk in stream:
+                    if not _send(conn, ("chunk", chunk, stream.steps)):
+                        break
+                else:
+                    reply = ("ok", stream.steps)
+            except Exception as exc:
+                reply = _speech_failure(exc)
+            group.cancel_scope.cancel()
+        _send(conn, reply)
+
+    def close(self) -> None:
+        self.model.close()
+
+
+def _send(conn: Connection, reply: tuple[Any, ...]) -> bool:
+    """Send ``reply``; False when the server's end is gone."""
+    try:
+        conn.send(reply)
+    except OSError:
+        return False
+    return True
+
+
 def _hello(payload: dict[str, Any]) -> None:
     sys.stdout.write(_HELLO + json.dumps(payload) + "\n")
     sys.stdout.flush()
+
+
+def _load_recognition(
+    entry: ModelEntry, root: Path, request: dict[str, Any]
+) -> RecognitionModel | None:
+    """The recognition model, loaded and checked; None once the hello said why not."""
+    try:
+        model = load_model(entry, root, request["device"])
+    except Exception as exc:
+        _hello(
+            {"ok": False, "error": str(exc) if isinstance(exc, EngineUnavailable) else repr(exc)}
+        )
+        return None
+    if not isinstance(model, RecognitionModel):
+        _hello({"ok": False, "error": f"executor {entry.executor!r} has no recognitions"})
+        return None
+    try:  # the load check: one stream decodes half a second of silence to its end
+        warm = model.recognition(StartOptions(model=entry.slug))
+        warm.accept(bytes(16000))
+        warm.finish()
+        warm.close()
+    except Exception as exc:
+        _hello({"ok": False, "error": f"it failed its first decode: {exc!r}"})
+        return None
+    return model
+
+
+def _load_speech(entry: ModelEntry, root: Path, request: dict[str, Any]) -> SpeechModel | None:
+    """The speech model, loaded; None once the hello said why not."""
+    from .tts.loader import load_speech_model
+
+    try:
+        return load_speech_model(entry, root, request["device"], Path(request["data_dir"]))
+    except Exception as exc:
+        _hello(
+            {"ok": False, "error": str(exc) if isinstance(exc, EngineUnavailable) else repr(exc)}
+        )
+        return None
 
 
 def main() -> int:
@@ -574,25 +850,23 @@ def main() -> int:
         _hello({"ok": False, "error": f"invalid entry: {'; '.join(problems)}"})
         return 2
     began = time.monotonic()
-    try:
-        model = load_model(entry, root, request["device"])
-    except Exception as exc:
-        _hello(
-            {"ok": False, "error": str(exc) if isinstance(exc, EngineUnavailable) else repr(exc)}
-        )
-        return 1
-    if not isinstance(model, RecognitionModel):
-        _hello({"ok": False, "error": f"executor {entry.executor!r} has no recognitions"})
-        return 1
-    try:  # the load check: one stream decodes half a second of silence to its end
-        warm = model.recognition(StartOptions(model=entry.slug))
-        warm.accept(bytes(16000))
-        warm.finish()
-        warm.close()
-    except Exception as exc:
-        _hello({"ok": False, "error": f"it failed its first decode: {exc!r}"})
-        return 1
-    child = _Child(model)
+    if request.get("speech"):
+        loaded = _load_speech(entry, root, request)
+        if loaded is None:
+            return 1
+        child: _Child | _SpeechChild = _SpeechChild(loaded)
+        ready: dict[str, Any] = {"sample_rate": loaded.sample_rate, "streaming": loaded.streaming}
+    else:
+        model = _load_recognition(entry, root, request)
+        if model is None:
+            return 1
+        child = _Child(model)
+        rounds = model.rounds
+        ready = {
+            "parallel": rounds.parallel,
+            "gather": rounds.gather,
+            "files": isinstance(model, FileTranscriber),
+        }
     listener = Listener(request["address"], family="AF_UNIX", authkey=bytes.fromhex(request["key"]))
 
     def accept() -> None:
@@ -606,16 +880,7 @@ def main() -> int:
             threading.Thread(target=child.serve, args=(conn,), daemon=True).start()
 
     threading.Thread(target=accept, name="talkies-engine-accept", daemon=True).start()
-    rounds = model.rounds
-    _hello(
-        {
-            "ok": True,
-            "parallel": rounds.parallel,
-            "gather": rounds.gather,
-            "files": isinstance(model, FileTranscriber),
-            "seconds": round(time.monotonic() - began, 3),
-        }
-    )
+    _hello({"ok": True, **ready, "seconds": round(time.monotonic() - began, 3)})
     os.dup2(2, 1)  # a native library's later prints go to stderr, not into an unread pipe
     sys.stdin.buffer.read()  # until the server closes it, or ends
     listener.close()

@@ -48,7 +48,7 @@ from .base import (
     Refusal,
 )
 from .download import DownloadError, ensure_snapshot, is_downloaded, source_of
-from .isolated import isolates, load_isolated
+from .isolated import isolates, load_isolated, load_isolated_speech
 from .registry import ModelEntry, RegistryError
 from .slots import Slot, Slots
 from .tts.base import SpeechModel
@@ -438,10 +438,16 @@ class ModelPool:
         except DownloadError as exc:
             raise EngineUnavailable(str(exc)) from exc
         began = time.monotonic()
-        if entry.tts:  # pure Python / onnxruntime: a bad model raises, it cannot end us
-            from .tts.loader import load_speech_model
+        if entry.tts:
+            # torch and onnxruntime are native code too: a child process of its own unless
+            # TALKIES_ENGINE_ISOLATION=thread.
+            speech: SpeechModel
+            if isolates(entry, self.settings):
+                speech = load_isolated_speech(entry, root, device, self.settings.data_dir)
+            else:
+                from .tts.loader import load_speech_model
 
-            speech = load_speech_model(entry, root, device, self.settings.data_dir)
+                speech = load_speech_model(entry, root, device, self.settings.data_dir)
             self._loaded_in(entry, time.monotonic() - began)
             return speech
         # The default loader puts a native engine in a child process of its own (isolated.py)

@@ -175,8 +175,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def engine_pids(pid: int) -> list[int]:
-    """The engine processes (``python -m talkies.engines.isolated``) the server ``pid`` runs."""
+def engine_pids(pid: int, model: str | None = None) -> list[int]:
+    """The engine processes (``python -m talkies.engines.isolated <model>``) the server
+    ``pid`` runs: all of them, or those of ``model``."""
     found: list[int] = []
     with suppress(OSError):
         for task in Path(f"/proc/{pid}/task").iterdir():
@@ -184,7 +185,10 @@ def engine_pids(pid: int) -> list[int]:
                 for child in (task / "children").read_text().split():
                     with suppress(OSError):
                         cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-                        if b"talkies.engines.isolated" in cmdline:
+                        args = cmdline.split(b"\0")
+                        if b"talkies.engines.isolated" not in args:
+                            continue
+                        if model is None or model.encode() in args:
                             found.append(int(child))
     return found
 

@@ -552,6 +552,54 @@ def leave_mid_speech(target: FaultTarget) -> Facts:
     return _left(host, leave)
 
 
+def _first_chunk(sock: socket.socket) -> bytes:
+    """A streamed PCM response's head and at least one byte of its body."""
+    data = b""
+    while b"\r\n\r\n" not in data or data.endswith(b"\r\n\r\n"):
+        chunk = sock.recv(65536)
+        assert chunk, data[:200]
+        data += chunk
+    assert data.startswith(b"HTTP/1.1 200"), data[:200]
+    return data
+
+
+@runner("speech-engine-crashes", "process")
+def speech_engine_crashes(target: FaultTarget) -> Facts:
+    from .load import engine_pids, wait_ended
+
+    host = target.process
+    slug = "qwen3-tiny-long"
+    loaded = httpx.get(host.url + "/v1/audio/voices", params={"model": slug}, timeout=120)
+    assert loaded.status_code == 200, loaded.text  # loads the model in its engine process
+    fds = descriptors(host)
+    (engine,) = engine_pids(host.proc.pid, slug)
+    with connect(host.port, timeout=60) as sock:
+        sock.sendall(_speech_request(slug))
+        response = _first_chunk(sock)
+        sent = time.monotonic()
+        os.kill(engine, signal.SIGSEGV)  # as a native fault in torch would end it
+        with suppress(OSError):
+            while chunk := sock.recv(262144):
+                response += chunk
+        closed = time.monotonic() - sent
+    wait_ended(engine)
+    facts = {
+        "status": [int(response.split(b" ", 2)[1])],
+        "cut_short": not _complete(response),
+        "closed_s": round(closed, 3),
+    }
+    facts = _after_fault(host, facts, fds)
+    # The next request on the model: a fresh engine process that streams audio again.
+    with connect(host.port, timeout=120) as sock:
+        sock.sendall(_speech_request(slug))
+        _first_chunk(sock)
+    host.wait_in_use(slug, 0)
+    again = engine_pids(host.proc.pid, slug)
+    if facts["survives"] is True and (len(again) != 1 or again[0] == engine):
+        facts["survives"] = f"after the crash: engine processes {again}"
+    return facts
+
+
 # -- SIGTERM ------------------------------------------------------------------------------------
 
 

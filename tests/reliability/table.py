@@ -71,6 +71,7 @@ _CLAUSES: list[tuple[str, Callable[[re.Match[str]], tuple[str, Callable[[Any], b
         lambda m: ("others_s", lambda v: isinstance(v, float) and v <= _number(m[1])),
     ),
     (r"stream served", lambda m: ("stream_served", lambda v: v is True)),
+    (r"response cut short", lambda m: ("cut_short", lambda v: v is True)),
     (r"survives", lambda m: ("survives", lambda v: v is True)),
     (r"slots freed", lambda m: ("slots_freed", lambda v: v is True)),
     (r"models unloaded", lambda m: ("unloaded", lambda v: v is True)),

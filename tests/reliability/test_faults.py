@@ -28,6 +28,8 @@ REQUIRED = {
     "engine-hangs": "an engine that hangs: the stream ends at a documented deadline",
     "native-exit-on-load": "a native model that kills its process never takes the server down",
     "native-abort-on-load": "a native model that kills its process never takes the server down",
+    "engine-crashes": "a native model that kills its process never takes the server down",
+    "speech-engine-crashes": "a native model that kills its process never takes the server down",
     "leave-during-upgrade": "client disconnects: before the upgrade completes",
     "leave-after-upgrade": "client disconnects: after the upgrade, before start",
     "leave-before-ready": "client disconnects: after start, before ready",
