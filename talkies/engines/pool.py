@@ -23,6 +23,7 @@ import functools
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from importlib import metadata
@@ -110,6 +111,11 @@ class _PooledStream:
 
     def events(self) -> AsyncIterator[EngineEvent]:
         return self._inner.events()
+
+    def listen(self, listener: Callable[[deque[EngineEvent]], bool]) -> None:
+        listen = getattr(self._inner, "listen", None)
+        if callable(listen):
+            listen(listener)
 
     async def aclose(self) -> None:
         if self._closed:

@@ -18,6 +18,17 @@ Every live stream of every engine runs here (``shared/design.md``, "One engine r
   one-by-one decoders use every core. Rounds are started from ``feed``/``flush`` and
   from the previous round's completion, all on the event loop: no task leads them, so a
   round never waits for some stream's task to be scheduled, nor dies with it.
+- **Spacing.** While decoding costs less than the hop (a cheap decoder: under 1 ms per
+  stream and round), the hop is the whole cost, and under load a round per frame made the
+  event loop and a round thread take turns at the GIL thousands of times a second. Then
+  rounds start at most every 0.5 ms, one at a time while the running one is quick, so one
+  hop serves the audio of every stream that came meanwhile; a model out of idle, or whose
+  open streams all have work, starts at once, and a round that turns out slow (a hung call)
+  holds the others back for 20 ms at most. Measured in bench/README.md ("Transport
+  efficiency").
+- **Results.** A consumer may :meth:`ThreadedStream.listen`: the results are then offered to
+  it in the callback that ends the round (the transport answers a partial there, writing
+  to the socket at once), and ``events()`` wakes only for what it leaves.
 - **Batching.** In a round, recognitions that offer ``decode_many``
   (:class:`~talkies.engines.base.BatchRecognition`: sherpa) are decoded together, one call
   per recognition type; the others one by one, with ``accept`` and ``finish``. A batched
@@ -76,6 +87,10 @@ DEFAULT_DECODE_TIMEOUT = 30.0
 # free round threads rather than given to one: a thread hop costs ~50 us, so a null engine
 # (the transport benchmarks) keeps one hop per round, while real decoders use every core.
 _SPLIT_SECONDS = 0.001
+# The least time between two round starts of a model whose decoding costs less than that.
+_MIN_GAP = 0.0005
+# A round of such a model that has run this long is slow: another may start beside it.
+_SLOW_ROUND = 0.02
 
 _Callback = Callable[[], None]
 _Wake = Callable[[_Callback], None]
@@ -146,6 +161,8 @@ class DecodeRounds:
         self._open: set[ThreadedStream] = set()
         self._gathering: _Callback | None = None  # cancels the pending gather timer
         self._gather_until = 0.0
+        self._last_start = 0.0  # when the last round started
+        self._spacing = False  # the gather timer is _spaced's
         self._stream_seconds = 0.0  # recent decoding time per stream and round
         self.rounds = 0  # rounds run, for tests and benchmarks
         self.abandoned = 0  # rounds given up at the deadline, for tests
@@ -205,12 +222,37 @@ class DecodeRounds:
             self._gather_until = time.monotonic() + self.gather + 0.1
             self._gathering = _later(stream._token(), self.gather, self._gathered)
             return
+        if self._spaced(stream._token()):
+            return
         self._start()
+
+    def _spaced(self, token: anyio.lowlevel.EventLoopToken) -> bool:
+        """Whether a round that could start now waits (a timer then starts it).
+
+        Only while decoding costs less than a thread hop (the per-stream time of recent
+        rounds is under _SPLIT_SECONDS): then the hop is the cost, so rounds start at most
+        every _MIN_GAP, and one at a time while the running one is quick (under
+        _SLOW_ROUND); under load one hop then serves the audio of many streams, and the
+        event loop and a round thread do not take turns at the GIL for every frame. A model
+        coming out of idle, or whose open streams all have work, starts at once; a round that
+        turns out slow (a hung call) holds the others back for _SLOW_ROUND at most.
+        """
+        if self._stream_seconds >= _SPLIT_SECONDS:
+            return False
+        start_at = self._last_start + (_SLOW_ROUND if self._running else _MIN_GAP)
+        wait = start_at - time.monotonic()
+        if wait <= 0 or self._all_ready():
+            return False
+        self._gather_until = start_at
+        self._gathering = _later(token, wait, self._gathered)
+        self._spacing = True
+        return True
 
     def _all_ready(self) -> bool:
         return all(s._queued or s._ended for s in self._open)
 
     def _gathered(self) -> None:
+        self._spacing = False
         if self._gathering is not None:
             cancel, self._gathering = self._gathering, None
             cancel()
@@ -225,6 +267,7 @@ class DecodeRounds:
     def _start(self) -> None:
         """Take every ready stream's work into round threads: one, or when decoding costs
         more than a thread hop, as many as are free, sharing the streams."""
+        self._last_start = time.monotonic()
         shares = 1
         free = self.parallel - self._running
         if free > 1 and len(self._ready) > 1 and self._stream_seconds >= _SPLIT_SECONDS:
@@ -272,7 +315,17 @@ class DecodeRounds:
         for stream, _ in batch:
             self._enqueue(stream)  # a backlog (Work.more) or audio that came meanwhile
         # Straight on, without gathering: the model is not coming out of idle.
-        if self._ready and self._running < self.parallel and self._gathering is None:
+        if self._spacing and self._gathering is not None:
+            # It waited for the round that just ended (or the gap after it): again, anew.
+            cancel, self._gathering = self._gathering, None
+            self._spacing = False
+            cancel()
+        if (
+            self._ready
+            and self._running < self.parallel
+            and self._gathering is None
+            and not self._spaced(self._ready[0]._token())
+        ):
             self._start()
 
     # -- the decode deadline ----------------------------------------------------------------
@@ -368,6 +421,7 @@ class ThreadedStream:
         self._loop_token: anyio.lowlevel.EventLoopToken | None = None
         self._wake_loop: _Wake = _ignore
         self._outbox: deque[EngineEvent] = deque()
+        self._listener: Callable[[deque[EngineEvent]], bool] | None = None  # see listen()
         self._signal = anyio.Event()  # results, or close
         self._room = anyio.Event()  # the queue drained
         self._idle = anyio.Event()  # not inside a round (for aclose)
@@ -425,6 +479,13 @@ class ThreadedStream:
         self._outbox.extend(work.events)
         self._idle.set()
         if work.events or self._closed:
+            listener = self._listener
+            if listener is not None and not self._closed:
+                try:
+                    if listener(self._outbox):
+                        return  # all taken, on the spot
+                except Exception:  # a bug in the consumer: events() still gets the rest
+                    log.exception("engine result listener failed")
             self._signal.set()
 
     def _abandon(self, detail: str) -> None:
@@ -460,6 +521,13 @@ class ThreadedStream:
         self._idle.set()
 
     # -- the event loop's side ----------------------------------------------------------------
+
+    def listen(self, listener: Callable[[deque[EngineEvent]], bool]) -> None:
+        """Offer results to ``listener`` first, on the event loop, as soon as a round ends:
+        it takes what it can from the front of the queue it is given and says whether it took
+        everything (``events()`` is woken only for what it left). It lets the consumer answer
+        a partial within the round's callback, without a task switch."""
+        self._listener = listener
 
     async def feed(self, pcm: bytes) -> None:
         # A frame always fits into an empty queue (config checks frame <= buffer), so waiting

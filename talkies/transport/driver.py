@@ -4,7 +4,12 @@ A :class:`StreamDriver` owns three activities in one task group:
 - the reader: ``channel.receive()`` -> ``session.handle`` -> execute actions. It reads the next
   message only after the previous one's actions ran, so a full engine queue (``Feed`` waits)
   stops reading and pushes back on the client's TCP window;
-- the engine loop, started once the stream opens: engine results -> ``session.handle``;
+- the engine loop, started once the stream opens: engine results -> ``session.handle``.
+  Over a :class:`DirectChannel` (the standalone server's WebSocket) partials and endpoints
+  skip it: the engine stream offers them in the callback that ends their decode round
+  (``listen``), and they are handled and written there when the socket can take them at
+  once; the engine loop gets what is left (finals, failures, a socket that pushes back), in
+  order;
 - the timer: sleeps until ``session.deadline`` and delivers ``Tick``.
 All three run on the event loop; decoding happens in worker threads behind the engine stream.
 
@@ -18,12 +23,19 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Protocol
+from collections import deque
+from typing import Protocol, runtime_checkable
 
 import anyio
 import anyio.abc
 
-from ..engines.base import EngineStream, EngineUnavailable, Refusal, StreamProvider
+from ..engines.base import (
+    EngineEvent,
+    EngineStream,
+    EngineUnavailable,
+    Refusal,
+    StreamProvider,
+)
 from ..engines.slots import Slot
 from ..metrics import EVENT_LATENCY_SECONDS
 from ..protocol import (
@@ -51,7 +63,7 @@ from ..protocol import (
 )
 from ..protocol.messages import StartOptions
 
-__all__ = ["Channel", "ClientMessage", "StreamDriver"]
+__all__ = ["Channel", "ClientMessage", "DirectChannel", "StreamDriver"]
 
 # What a channel delivers: client messages (or fragments), and PeerGone last.
 ClientMessage = AudioBatch | TextReceived | BinaryReceived | PeerGone
@@ -64,6 +76,8 @@ log = logging.getLogger("talkies.transport")
 
 # The engine events whose latency is measured (a tuple: isinstance with a union is slower).
 _TIMED_EVENTS = (EnginePartial, EngineEndpoint)
+# The states in which those events are answered with Sends and nothing else (table.py).
+_ANSWERING = frozenset({State.STREAMING, State.FLUSHING})
 
 
 class Channel(Protocol):
@@ -82,6 +96,20 @@ class Channel(Protocol):
 
     async def aclose(self) -> None:
         """Close the connection now (TCP close, or the ASGI equivalent)."""
+        ...
+
+
+@runtime_checkable
+class DirectChannel(Channel, Protocol):
+    """A channel that can also write a text message at once, from a plain callback."""
+
+    def can_send_now(self) -> bool:
+        """Whether :meth:`send_text_now` would write now: no send is waiting and the
+        transport's buffer is below its limit."""
+        ...
+
+    def send_text_now(self, text: str) -> None:
+        """Write a text message now (only after :meth:`can_send_now` said so)."""
         ...
 
 
@@ -114,6 +142,8 @@ class StreamDriver:
         self._peer_gone = False
         self._deadline_changed = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
+        self._engine_busy = False  # the engine loop holds an event it has not handled yet
+        self._direct: DirectChannel | None = None  # the channel, once results come direct
 
     # -- entry points ------------------------------------------------------------------------
 
@@ -207,10 +237,47 @@ class StreamDriver:
                     break
                 if isinstance(event, _TIMED_EVENTS) and self._fed_at:
                     EVENT_LATENCY_SECONDS.observe(_clock() - self._fed_at)
-                await self._handle(event)
+                self._engine_busy = True
+                try:
+                    await self._handle(event)
+                finally:
+                    self._engine_busy = False
         except Exception:
             log.exception("engine stream failed")
             await self._handle(EngineFailed(detail="the speech engine failed"))
+
+    def _engine_results(self, outbox: deque[EngineEvent]) -> bool:
+        """The engine stream's results, offered on the event loop the moment their round
+        ends (``listen``): partials and endpoints are answered here when the channel can
+        write at once, without waking the engine loop; whether all were taken. Anything
+        else, or a channel that pushes back, is left to the engine loop, in order."""
+        channel = self._direct
+        if channel is None or self._engine_busy or self._released:
+            return False
+        session = self.session
+        while outbox:
+            event = outbox[0]
+            if (
+                type(event) not in _TIMED_EVENTS
+                or session.state not in _ANSWERING
+                or not channel.can_send_now()
+            ):
+                return False
+            outbox.popleft()
+            now = _clock()
+            if self._fed_at:
+                EVENT_LATENCY_SECONDS.observe(now - self._fed_at)
+            session.handle(event, now)
+            actions = session.pull_actions()
+            texts = [a.event.to_json() for a in actions if isinstance(a, Send)]
+            if len(texts) != len(actions):
+                # Not in these states (table.py); should it ever be, run them as usual.
+                assert self._tg is not None
+                self._tg.start_soon(self._apply, actions)
+                return False
+            for text in texts:
+                channel.send_text_now(text)
+        return True
 
     async def _open(self, options: StartOptions) -> None:
         outcome: EngineStream | Refused | EngineFailed | None = None
@@ -242,6 +309,10 @@ class StreamDriver:
             await self._handle(outcome)
             return
         self._stream = outcome
+        listen = getattr(outcome, "listen", None)
+        if callable(listen) and isinstance(self._channel, DirectChannel):
+            self._direct = self._channel
+            listen(self._engine_results)
         assert self._tg is not None
         self._tg.start_soon(self._engine_loop, outcome)
         await self._handle(EngineOpened())

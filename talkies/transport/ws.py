@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterator
@@ -38,6 +39,7 @@ _TRANSPORT_ERRORS = (
 _INVALID_UTF8 = CloseReason.INVALID_FRAME_PAYLOAD_DATA
 _UNDECODABLE = b"\xff"
 _clock = time.monotonic
+_NOT_READY = asyncio.Event()  # never set: a channel that cannot write from a callback
 
 
 class SendWatch:
@@ -110,6 +112,16 @@ class WsprotoChannel:
         self._watch = send_watch
         self._sending_since: float | None = None  # when the send in progress started
         self._watched = False  # registered with the watch (at the first send)
+        # anyio's asyncio socket stream writes to an asyncio transport; with it a text message
+        # can be written from a plain callback (send_text_now). Any other stream: never.
+        self._transport: asyncio.WriteTransport | None = None
+        self._write_ready = _NOT_READY
+        protocol = getattr(stream, "_protocol", None)
+        transport = getattr(stream, "_transport", None)
+        write_event = getattr(protocol, "write_event", None)
+        if isinstance(transport, asyncio.WriteTransport) and isinstance(write_event, asyncio.Event):
+            self._transport = transport
+            self._write_ready = write_event
 
     async def receive(self) -> list[ClientMessage]:
         """Every message (fragment) wsproto parsed from the next read; PeerGone ends it.
@@ -189,6 +201,29 @@ class WsprotoChannel:
 
     async def send_text(self, text: str) -> None:
         await self._send_event(Message(data=text))
+
+    def can_send_now(self) -> bool:
+        """:class:`~talkies.transport.driver.DirectChannel`: a text message can be written
+        from a plain callback now (an asyncio transport below, no send waiting, its buffer
+        under the high-water mark); else the driver sends it from a task, as always."""
+        transport = self._transport
+        return (
+            transport is not None
+            and not self._gone
+            and not self._send_lock.locked()
+            and self._write_ready.is_set()
+            and not transport.is_closing()
+        )
+
+    def send_text_now(self, text: str) -> None:
+        """Write a text message at once (only after :meth:`can_send_now`; a message over
+        the high-water mark is buffered, and the next waits for :meth:`send_text`)."""
+        assert self._transport is not None
+        try:
+            data = self._ws.send(Message(data=text))
+        except LocalProtocolError:
+            return  # the connection is closing: nothing more may be sent
+        self._transport.write(data)
 
     async def close(self, code: int, reason: str) -> None:
         if self._ws.state is ConnectionState.OPEN:

@@ -1,0 +1,194 @@
+"""How the engine runtime spaces its decode rounds and hands results over
+(talkies/engines/runner.py: "Spacing", "Results"; talkies/transport/driver.py).
+
+A cheap decoder (microseconds per call, as the transport benchmarks' echo engine) is where a
+thread hop per frame was the whole cost: its rounds start at most every ``_MIN_GAP``, one at
+a time while the running one is quick, so under load one round serves many streams; a model
+out of idle still starts at once, and a round that hangs holds the others back
+``_SLOW_ROUND`` at most. Over the standalone server, partials are written in the callback
+that ends their round.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import pytest
+
+from talkies.engines import runner
+from talkies.engines.base import EngineEvent, EngineUpdate
+from talkies.engines.runner import DecodeRounds, ThreadedStream
+from talkies.protocol import EngineFinal, EnginePartial
+from talkies.transport.driver import StreamDriver
+
+from .conftest import run_server
+from .fake_engine import speech
+from .wire import drain, open_stream
+
+pytestmark = pytest.mark.anyio
+
+BUFFER = 5 * 32000
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class Cheap:
+    """A decoder that costs microseconds: a partial per call, counting the bytes so far."""
+
+    def __init__(self) -> None:
+        self.total = 0
+
+    def accept(self, pcm: bytes) -> Sequence[EngineUpdate]:
+        self.total += len(pcm)
+        return [EnginePartial(text=str(self.total))]
+
+    def finish(self) -> EngineFinal:
+        return EngineFinal(text=str(self.total))
+
+    def close(self) -> None:
+        pass
+
+
+class Blocking(Cheap):
+    """:class:`Cheap`, whose ``accept`` waits for ``gate`` once it is armed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.armed = False
+        self.entered = threading.Event()
+
+    def accept(self, pcm: bytes) -> Sequence[EngineUpdate]:
+        if self.armed:
+            self.entered.set()
+            self.gate.wait(10)
+        return super().accept(pcm)
+
+
+async def _next_event(stream: ThreadedStream, timeout: float = 5.0) -> EngineEvent:
+    with anyio.fail_after(timeout):
+        async for event in stream.events():
+            return event
+    raise AssertionError("the stream ended")
+
+
+async def test_an_idle_model_starts_a_round_at_once() -> None:
+    rounds = DecodeRounds(2)
+    stream = ThreadedStream(Cheap(), max_buffered_bytes=BUFFER, rounds=rounds)
+    other = ThreadedStream(Cheap(), max_buffered_bytes=BUFFER, rounds=rounds)
+    try:
+        await stream.feed(speech(0.1))
+        assert rounds.rounds == 1  # started in feed itself: no timer, no wait
+        assert isinstance(await _next_event(stream), EnginePartial)
+    finally:
+        await stream.aclose()
+        await other.aclose()
+
+
+async def test_rounds_of_a_cheap_decoder_are_spaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "_MIN_GAP", 0.3)  # long enough to see, whatever the machine
+    rounds = DecodeRounds(2)
+    first, second, idle = (
+        ThreadedStream(Cheap(), max_buffered_bytes=BUFFER, rounds=rounds) for _ in range(3)
+    )
+    try:
+        await first.feed(speech(0.02))
+        await _next_event(first)
+        began = anyio.current_time()
+        await second.feed(speech(0.02))  # within the gap, another stream open and idle
+        await first.feed(speech(0.02))
+        assert rounds.rounds == 1  # waiting for the gap: both will go in one round
+        await _next_event(second)
+        assert anyio.current_time() - began >= 0.2
+        assert rounds.rounds == 2
+        assert isinstance(await _next_event(first), EnginePartial)
+        assert rounds.rounds == 2  # first's audio was in that same round
+        # When every open stream has work there is nothing to wait for: at once.
+        await idle.aclose()
+        await first.feed(speech(0.02))
+        await second.feed(speech(0.02))
+        assert rounds.rounds == 3
+    finally:
+        for stream in (first, second, idle):
+            await stream.aclose()
+
+
+async def test_a_slow_round_holds_the_others_back_briefly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "_SLOW_ROUND", 0.05)
+    rounds = DecodeRounds(2)
+    hung = Blocking()
+    stuck = ThreadedStream(hung, max_buffered_bytes=BUFFER, rounds=rounds)
+    fine = ThreadedStream(Cheap(), max_buffered_bytes=BUFFER, rounds=rounds)
+    idle = ThreadedStream(Cheap(), max_buffered_bytes=BUFFER, rounds=rounds)  # not all ready
+    try:
+        hung.armed = True
+        await stuck.feed(speech(0.1))
+        assert await anyio.to_thread.run_sync(hung.entered.wait, 5)
+        await fine.feed(speech(0.1))  # a quick round is running: this one waits
+        assert rounds.rounds == 1
+        event = await _next_event(fine)  # ... until the running one counts as slow
+        assert isinstance(event, EnginePartial)
+        assert rounds.rounds == 2 and not hung.gate.is_set()
+    finally:
+        hung.gate.set()
+        for stream in (stuck, fine, idle):
+            await stream.aclose()
+
+
+async def test_a_listener_takes_results_in_the_rounds_callback() -> None:
+    rounds = DecodeRounds(1)
+    stream = ThreadedStream(Cheap(), max_buffered_bytes=BUFFER, rounds=rounds)
+    taken: list[EngineEvent] = []
+    refuse = False
+
+    def listener(outbox: Any) -> bool:
+        if refuse:
+            return False
+        while outbox:
+            taken.append(outbox.popleft())
+        return True
+
+    stream.listen(listener)
+    try:
+        await stream.feed(speech(0.3))
+        with anyio.fail_after(5):
+            while not taken:
+                await anyio.sleep(0.005)
+        assert all(isinstance(e, EnginePartial) for e in taken)
+        refuse = True  # what the listener leaves goes to events(), in order
+        await stream.flush()
+        events = [e async for e in stream.events()]
+        assert isinstance(events[-1], EngineFinal)
+    finally:
+        await stream.aclose()
+
+
+def test_partials_are_written_from_the_rounds_callback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over the standalone server (wsproto on an asyncio socket): the driver answers
+    partials in the round's callback; the final still comes through the engine loop."""
+    calls = {"offered": 0, "taken": 0}
+    original = StreamDriver._engine_results
+
+    def counted(self: StreamDriver, outbox: Any) -> bool:
+        calls["offered"] += 1
+        took = original(self, outbox)
+        calls["taken"] += took
+        return took
+
+    monkeypatch.setattr(StreamDriver, "_engine_results", counted)
+    with run_server() as server:
+        ws = open_stream(server.url)
+        for _ in range(10):
+            ws.send(speech(0.1))
+        ws.send('{"type": "end"}')
+        events, code, _ = drain(ws, timeout=10)
+    kinds = [e["type"] for e in events]
+    assert code == 1000 and kinds[-2:] == ["final", "stats"], kinds
+    assert "partial" in kinds
+    assert calls["taken"] >= 1, calls  # the fast path ran (anyio's transport was reachable)
