@@ -91,11 +91,24 @@ def main() -> None:
     settings = Settings.from_env(os.environ).with_overrides(port=port)
     pool = ModelPool(registry(settings), settings, loader=loader_for(settings), validate=False)
     if host == "standalone":
+        import signal
+
         import anyio
 
         from talkies.transport.server import Server
 
-        anyio.run(lambda: Server(settings, pool).serve())
+        async def serve() -> None:
+            # SIGTERM drains and unloads the models, as `talkies serve` does (uvicorn below
+            # does it by itself): their engine processes end with this one and are reaped.
+            server = Server(settings, pool)
+            async with anyio.create_task_group() as tg:
+                await tg.start(server.serve)
+                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                    async for _ in signals:
+                        await server.shutdown(0.5)
+                        break
+
+        anyio.run(serve)
     elif host == "uvicorn":
         import uvicorn
 
