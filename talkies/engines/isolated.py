@@ -50,8 +50,8 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -153,14 +153,10 @@ def load_isolated(
     """Start a child that loads ``entry`` and return its proxy (blocking: the pool calls it
     from the thread that loads the model). A load that fails, crashes or takes longer than
     ``timeout`` seconds is an :class:`EngineUnavailable`."""
-    proc, folder, address, key, hello = _spawn(entry, root, device, {}, timeout)
+    spawned, hello = _spawn(entry, root, device, {}, timeout)
     cls = IsolatedFileModel if hello.get("files") else IsolatedModel
     return cls(
-        entry.slug,
-        proc,
-        folder,
-        address,
-        key,
+        spawned,
         parallel=int(hello.get("parallel", 1)),
         gather=float(hello.get("gather", 0.0)),
     )
@@ -171,25 +167,30 @@ def load_isolated_speech(
 ) -> IsolatedSpeechModel:
     """:func:`load_isolated` for a speech (TTS) entry: its proxy is a
     :class:`~talkies.engines.tts.base.SpeechModel`. ``data_dir`` holds the custom voices."""
-    proc, folder, address, key, hello = _spawn(
+    spawned, hello = _spawn(
         entry, root, device, {"speech": True, "data_dir": str(data_dir)}, timeout
     )
     return IsolatedSpeechModel(
-        entry.slug,
-        proc,
-        folder,
-        address,
-        key,
-        sample_rate=int(hello["sample_rate"]),
-        streaming=bool(hello["streaming"]),
+        spawned, sample_rate=int(hello["sample_rate"]), streaming=bool(hello["streaming"])
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Spawned:
+    """An engine process that said it is ready, and how to reach it."""
+
+    slug: str
+    proc: subprocess.Popen[bytes]
+    folder: Path  # private (0700), holding the socket
+    address: str
+    key: bytes  # the connections' authkey
 
 
 def _spawn(
     entry: ModelEntry, root: Path, device: str, extra: dict[str, Any], timeout: float
-) -> tuple[subprocess.Popen[bytes], Path, str, bytes, dict[str, Any]]:
-    """Start the child, send it the request, wait for its ready line: the child, its socket
-    folder and address, the key, and what it said of the model."""
+) -> tuple[_Spawned, dict[str, Any]]:
+    """Start the child, send it the request, wait for its ready line: the child and what it
+    said of the model."""
     folder = Path(tempfile.mkdtemp(prefix="talkies-engine-"))  # mode 0700
     address = str(folder / "socket")
     key = os.urandom(32)
@@ -229,7 +230,7 @@ def _spawn(
     if not hello.get("ok"):
         _discard(proc, folder, wait=_CLOSE_WAIT)
         raise EngineUnavailable(f"model {entry.slug!r} could not be loaded: {hello.get('error')}")
-    return proc, folder, address, key, hello
+    return _Spawned(entry.slug, proc, folder, address, key), hello
 
 
 def _pass_stderr(proc: subprocess.Popen[bytes]) -> tuple[deque[str], threading.Thread]:
@@ -303,14 +304,12 @@ def _discard(proc: subprocess.Popen[bytes], folder: Path, *, wait: float) -> Non
 class _EngineProcess:
     """The server's side of one engine process: its life, its end, and calls to it."""
 
-    def __init__(
-        self, slug: str, proc: subprocess.Popen[bytes], folder: Path, address: str, key: bytes
-    ) -> None:
-        self.slug = slug
-        self._proc = proc
-        self._folder = folder
-        self._address = address
-        self._key = key
+    def __init__(self, spawned: _Spawned) -> None:
+        self.slug = slug = spawned.slug
+        self._proc = spawned.proc
+        self._folder = spawned.folder
+        self._address = spawned.address
+        self._key = spawned.key
         self._local = threading.local()  # each thread's connection
         self._calls = itertools.count(1)
         self._closed = False
@@ -446,20 +445,10 @@ class _EngineProcess:
 class IsolatedModel(_EngineProcess, RecognitionModel):
     """The server's proxy for a recognition model loaded in a child process (see the module)."""
 
-    def __init__(
-        self,
-        slug: str,
-        proc: subprocess.Popen[bytes],
-        folder: Path,
-        address: str,
-        key: bytes,
-        *,
-        parallel: int,
-        gather: float,
-    ) -> None:
+    def __init__(self, spawned: _Spawned, *, parallel: int, gather: float) -> None:
         self._parallel = parallel
         self._gather = gather
-        super().__init__(slug, proc, folder, address, key)
+        super().__init__(spawned)
 
     def _ended(self, detail: str) -> None:
         # The model's open streams fail at once, not at their next call: a client that
@@ -549,23 +538,13 @@ class IsolatedSpeechModel(_EngineProcess):
     the model again.
     """
 
-    def __init__(
-        self,
-        slug: str,
-        proc: subprocess.Popen[bytes],
-        folder: Path,
-        address: str,
-        key: bytes,
-        *,
-        sample_rate: int,
-        streaming: bool,
-    ) -> None:
+    def __init__(self, spawned: _Spawned, *, sample_rate: int, streaming: bool) -> None:
         self.sample_rate = sample_rate
         self.streaming = streaming
         # One synthesis at a time, as in the model itself (a second waits here, in its own
         # worker thread, and gives up when its reader leaves).
         self._lock = threading.Lock()
-        super().__init__(slug, proc, folder, address, key)
+        super().__init__(spawned)
 
     def voices(self) -> list[str]:
         """Blocking (a call to the child): the event loop calls it from a worker thread."""
@@ -639,11 +618,7 @@ class _Child:
     def serve(self, conn: Connection) -> None:
         """Answer one connection's requests, one at a time, until it closes."""
         with conn:
-            while True:
-                try:
-                    message = conn.recv()
-                except (EOFError, OSError):
-                    return
+            for message in _requests(conn):
                 try:
                     reply: tuple[Any, ...] = ("ok", self._handle(message))
                 except Refusal as exc:
@@ -653,9 +628,7 @@ class _Child:
                 except Exception as exc:
                     log.exception("engine call failed", extra={"call": message[0]})
                     reply = ("error", f"{type(exc).__name__}: {exc}")
-                try:
-                    conn.send(reply)
-                except OSError:
+                if not _send(conn, reply):
                     return
 
     def _handle(self, message: tuple[Any, ...]) -> Any:
@@ -732,11 +705,7 @@ class _SpeechChild:
     def serve(self, conn: Connection) -> None:
         """Answer one connection's requests until it closes; a synthesis is its last."""
         with conn:
-            while True:
-                try:
-                    message = conn.recv()
-                except (EOFError, OSError):
-                    return
+            for message in _requests(conn):
                 kind = message[0]
                 if kind == "synthesize":
                     anyio.run(self._synthesize, conn, message[1], message[2])
@@ -783,6 +752,15 @@ class _SpeechChild:
 
     def close(self) -> None:
         self.model.close()
+
+
+def _requests(conn: Connection) -> Iterator[tuple[Any, ...]]:
+    """The server's requests on ``conn``, until it closes the connection."""
+    while True:
+        try:
+            yield conn.recv()
+        except (EOFError, OSError):
+            return
 
 
 def _send(conn: Connection, reply: tuple[Any, ...]) -> bool:
