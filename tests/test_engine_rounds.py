@@ -11,7 +11,9 @@ that ends their round.
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,7 +28,8 @@ from talkies.transport.driver import StreamDriver
 
 from .conftest import run_server
 from .fake_engine import speech
-from .wire import drain, open_stream
+from .reliability.clients import STREAM, FrameReader, frame, read_until_ready, upgrade
+from .wire import START, drain, open_stream
 
 pytestmark = pytest.mark.anyio
 
@@ -92,20 +95,21 @@ async def test_an_idle_model_starts_a_round_at_once() -> None:
 
 
 async def test_rounds_of_a_cheap_decoder_are_spaced(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner, "_MIN_GAP", 0.3)  # long enough to see, whatever the machine
+    monkeypatch.setattr(runner, "_MIN_GAP", 1.0)  # long enough to see, whatever the machine
     rounds = DecodeRounds(2)
     first, second, idle = (
         ThreadedStream(Cheap(), max_buffered_bytes=BUFFER, rounds=rounds) for _ in range(3)
     )
     try:
-        await first.feed(speech(0.02))
-        await _next_event(first)
         began = anyio.current_time()
+        await first.feed(speech(0.02))  # out of idle: at once
+        assert rounds.rounds == 1
         await second.feed(speech(0.02))  # within the gap, another stream open and idle
+        await _next_event(first)
         await first.feed(speech(0.02))
         assert rounds.rounds == 1  # waiting for the gap: both will go in one round
         await _next_event(second)
-        assert anyio.current_time() - began >= 0.2
+        assert anyio.current_time() - began >= 0.95  # a gap after the first round began
         assert rounds.rounds == 2
         assert isinstance(await _next_event(first), EnginePartial)
         assert rounds.rounds == 2  # first's audio was in that same round
@@ -116,6 +120,24 @@ async def test_rounds_of_a_cheap_decoder_are_spaced(monkeypatch: pytest.MonkeyPa
         assert rounds.rounds == 3
     finally:
         for stream in (first, second, idle):
+            await stream.aclose()
+
+
+async def test_a_model_that_gathers_is_not_spaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "_MIN_GAP", 1.0)
+    rounds = DecodeRounds(1, gather=0.01)  # sherpa's way: its own max_wait batches
+    one, two, idle = (
+        ThreadedStream(Cheap(), max_buffered_bytes=BUFFER, rounds=rounds) for _ in range(3)
+    )
+    try:
+        began = anyio.current_time()
+        await one.feed(speech(0.02))
+        await _next_event(one)
+        await two.feed(speech(0.02))
+        await _next_event(two)
+        assert anyio.current_time() - began < 0.9
+    finally:
+        for stream in (one, two, idle):
             await stream.aclose()
 
 
@@ -155,18 +177,24 @@ async def test_a_listener_takes_results_in_the_rounds_callback() -> None:
         return True
 
     stream.listen(listener)
+    frame = speech(0.02)
     try:
-        await stream.feed(speech(0.3))
+        for _ in range(5):
+            await stream.feed(frame)
+            await anyio.sleep(0.01)
         with anyio.fail_after(5):
-            while not taken:
+            while not taken or taken[-1].text != str(5 * len(frame)):  # type: ignore[attr-defined]
                 await anyio.sleep(0.005)
-        assert all(isinstance(e, EnginePartial) for e in taken)
         refuse = True  # what the listener leaves goes to events(), in order
+        await stream.feed(frame)
         await stream.flush()
-        events = [e async for e in stream.events()]
-        assert isinstance(events[-1], EngineFinal)
+        rest = [e async for e in stream.events()]
     finally:
         await stream.aclose()
+    assert all(isinstance(e, EnginePartial) for e in taken)
+    counts = [int(e.text) for e in [*taken, *rest]]  # type: ignore[attr-defined]
+    assert counts == sorted(counts) and counts[-1] == 6 * len(frame), counts
+    assert isinstance(rest[-1], EngineFinal)
 
 
 def test_partials_are_written_from_the_rounds_callback(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -190,5 +218,51 @@ def test_partials_are_written_from_the_rounds_callback(monkeypatch: pytest.Monke
         events, code, _ = drain(ws, timeout=10)
     kinds = [e["type"] for e in events]
     assert code == 1000 and kinds[-2:] == ["final", "stats"], kinds
-    assert "partial" in kinds
+    revisions = [e["revision"] for e in events if "revision" in e]
+    assert "partial" in kinds and revisions == sorted(set(revisions)), revisions  # in order
     assert calls["taken"] >= 1, calls  # the fast path ran (anyio's transport was reachable)
+
+
+class Loud(Cheap):
+    """:class:`Cheap` with partials of 20 kB: a client that does not read them fills every
+    buffer on the way within a few hundred frames."""
+
+    def accept(self, pcm: bytes) -> Sequence[EngineUpdate]:
+        self.total += len(pcm)
+        return [EnginePartial(text=f"{self.total} " + "w" * 20000)]
+
+
+class LoudProvider:
+    def __init__(self) -> None:
+        self.rounds = DecodeRounds(2)
+
+    async def open_stream(self, options: Any) -> ThreadedStream:
+        return ThreadedStream(Loud(), max_buffered_bytes=BUFFER, rounds=self.rounds)
+
+
+def test_a_client_that_stops_reading_is_dropped_at_the_send_timeout() -> None:
+    """Partials written from the round's callback must not bypass the send timeout: once the
+    socket stops taking them, the next one waits in a send that SendWatch can see."""
+    with run_server(
+        provider=LoudProvider(), stream_idle_timeout=1.0, stream_max_duration=86400
+    ) as server:
+        sock, response, rest = upgrade(server.port, target=STREAM)
+        assert response.startswith(b"HTTP/1.1 101"), response
+        sock.sendall(frame(0x1, json.dumps(START).encode()))
+        read_until_ready(FrameReader(sock, rest))  # and nothing more, ever
+        sock.settimeout(0.5)
+        audio = frame(0x2, speech(0.1))
+        began = time.monotonic()
+        dropped = False
+        while time.monotonic() - began < 30:  # never reading what the server sends
+            try:
+                sock.sendall(audio)
+                time.sleep(0.005)  # 20x real time: far from any duration limit
+            except TimeoutError:
+                continue  # the server stopped reading too (its queue is full): keep trying
+            except OSError:
+                dropped = True
+                break
+        sock.close()
+        assert dropped, "the server kept a client that stopped reading"
+        server.wait_connections(0, timeout=10)

@@ -24,8 +24,9 @@ Every live stream of every engine runs here (``shared/design.md``, "One engine r
   rounds start at most every 0.5 ms, one at a time while the running one is quick, so one
   hop serves the audio of every stream that came meanwhile; a model out of idle, or whose
   open streams all have work, starts at once, and a round that turns out slow (a hung call)
-  holds the others back for 20 ms at most. Measured in bench/README.md ("Transport
-  efficiency").
+  holds the others back for 20 ms at most. Not for a model that gathers (sherpa: its own
+  ``max_wait`` batches), nor off asyncio (a timer there is a thread). Measured in
+  bench/README.md ("Transport efficiency").
 - **Results.** A consumer may :meth:`ThreadedStream.listen`: the results are then offered to
   it in the callback that ends the round (the transport answers a partial there, writing
   to the socket at once), and ``events()`` wakes only for what it leaves.
@@ -237,8 +238,10 @@ class DecodeRounds:
         coming out of idle, or whose open streams all have work, starts at once; a round that
         turns out slow (a hung call) holds the others back for _SLOW_ROUND at most.
         """
-        if self._stream_seconds >= _SPLIT_SECONDS:
-            return False
+        if self.gather or self._stream_seconds >= _SPLIT_SECONDS:
+            return False  # (a batched model's own gather decides; a real decoder goes now)
+        if not isinstance(token.native_token, asyncio.AbstractEventLoop):
+            return False  # elsewhere a timer is a thread: dearer than the hop it saves
         start_at = self._last_start + (_SLOW_ROUND if self._running else _MIN_GAP)
         wait = start_at - time.monotonic()
         if wait <= 0 or self._all_ready():
@@ -267,7 +270,6 @@ class DecodeRounds:
     def _start(self) -> None:
         """Take every ready stream's work into round threads: one, or when decoding costs
         more than a thread hop, as many as are free, sharing the streams."""
-        self._last_start = time.monotonic()
         shares = 1
         free = self.parallel - self._running
         if free > 1 and len(self._ready) > 1 and self._stream_seconds >= _SPLIT_SECONDS:
@@ -285,6 +287,7 @@ class DecodeRounds:
                 self._submit(batch)
 
     def _submit(self, batch: list[tuple[ThreadedStream, Work]]) -> None:
+        self._last_start = time.monotonic()
         self._running += 1
         self.rounds += 1
         round_ = _Round(batch)

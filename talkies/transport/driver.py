@@ -105,7 +105,8 @@ class DirectChannel(Channel, Protocol):
 
     def can_send_now(self) -> bool:
         """Whether :meth:`send_text_now` would write now: no send is waiting and the
-        transport's buffer is below its limit."""
+        transport's buffer is empty (so a client that stops reading meets a waiting send,
+        and the send timeout, at its next message)."""
         ...
 
     def send_text_now(self, text: str) -> None:

@@ -39,7 +39,6 @@ _TRANSPORT_ERRORS = (
 _INVALID_UTF8 = CloseReason.INVALID_FRAME_PAYLOAD_DATA
 _UNDECODABLE = b"\xff"
 _clock = time.monotonic
-_NOT_READY = asyncio.Event()  # never set: a channel that cannot write from a callback
 
 
 class SendWatch:
@@ -114,14 +113,8 @@ class WsprotoChannel:
         self._watched = False  # registered with the watch (at the first send)
         # anyio's asyncio socket stream writes to an asyncio transport; with it a text message
         # can be written from a plain callback (send_text_now). Any other stream: never.
-        self._transport: asyncio.WriteTransport | None = None
-        self._write_ready = _NOT_READY
-        protocol = getattr(stream, "_protocol", None)
         transport = getattr(stream, "_transport", None)
-        write_event = getattr(protocol, "write_event", None)
-        if isinstance(transport, asyncio.WriteTransport) and isinstance(write_event, asyncio.Event):
-            self._transport = transport
-            self._write_ready = write_event
+        self._transport = transport if isinstance(transport, asyncio.WriteTransport) else None
 
     async def receive(self) -> list[ClientMessage]:
         """Every message (fragment) wsproto parsed from the next read; PeerGone ends it.
@@ -204,20 +197,23 @@ class WsprotoChannel:
 
     def can_send_now(self) -> bool:
         """:class:`~talkies.transport.driver.DirectChannel`: a text message can be written
-        from a plain callback now (an asyncio transport below, no send waiting, its buffer
-        under the high-water mark); else the driver sends it from a task, as always."""
+        from a plain callback now (an asyncio transport below, no send waiting, nothing in
+        its buffer); else the driver sends it from a task, as always."""
         transport = self._transport
+        # Nothing buffered, not just "under the limit": once the client stops reading, the
+        # next message goes through send_text, which waits, so SendWatch sees the stall and
+        # the buffer holds at most one message.
         return (
             transport is not None
             and not self._gone
             and not self._send_lock.locked()
-            and self._write_ready.is_set()
+            and transport.get_write_buffer_size() == 0
             and not transport.is_closing()
         )
 
     def send_text_now(self, text: str) -> None:
-        """Write a text message at once (only after :meth:`can_send_now`; a message over
-        the high-water mark is buffered, and the next waits for :meth:`send_text`)."""
+        """Write a text message at once (only after :meth:`can_send_now`; what the socket
+        does not take is buffered, and the next message waits in :meth:`send_text`)."""
         assert self._transport is not None
         try:
             data = self._ws.send(Message(data=text))
