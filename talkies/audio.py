@@ -54,6 +54,7 @@ __all__ = [
     "decode",
     "encode",
     "probe",
+    "wav_bytes",
 ]
 
 log = logging.getLogger("talkies.audio")
@@ -302,7 +303,8 @@ async def decode(path: str | os.PathLike[str], *, max_seconds: float) -> bytes:
 # -- encoding synthesized speech ---------------------------------------------------------------
 
 
-def _wav(pcm: bytes, sample_rate: int) -> bytes:
+def wav_bytes(pcm: bytes, sample_rate: int) -> bytes:
+    """Mono s16le ``pcm`` at ``sample_rate`` as the bytes of a WAV file."""
     buffer = io.BytesIO()
     with wave.open(buffer, "wb") as out:
         out.setnchannels(1)
@@ -331,7 +333,7 @@ async def encode(pcm: bytes, sample_rate: int, fmt: str) -> tuple[bytes, str]:
     if fmt == "pcm":
         return pcm, content_type
     if fmt == "wav":
-        return _wav(pcm, sample_rate), content_type
+        return wav_bytes(pcm, sample_rate), content_type
     with tempfile.TemporaryDirectory(prefix="talkies-encode-") as folder:
         target = Path(folder) / f"speech.{fmt}"
         args = [_tool("ffmpeg"), "-nostdin", "-hide_banner", "-loglevel", "error"]

@@ -7,17 +7,16 @@ in worker threads, so the transport is tested against real thread hops and backp
 
 from __future__ import annotations
 
-import io
 import struct
 import threading
 import time
-import wave
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
 
+from talkies import audio
 from talkies.engines.base import (
     EngineStream,
     EngineUpdate,
@@ -172,13 +171,7 @@ class EnergyFileModel(RecognitionModel):
 
 def wav_bytes(pcm: bytes) -> bytes:
     """``pcm`` (16 kHz mono s16le) as the bytes of a WAV file."""
-    out = io.BytesIO()
-    with wave.open(out, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16000)
-        w.writeframes(pcm)
-    return out.getvalue()
+    return audio.wav_bytes(pcm, 16000)
 
 
 def write_wav(path: Path, pcm: bytes) -> Path:

@@ -37,6 +37,8 @@ try:
 except ImportError as exc:  # pragma: no cover - only without the qwen3 extra
     pytest.skip(f"qwen-tts is not installed: {exc}", allow_module_level=True)
 
+from bench.report_parts import cpu_seconds
+
 from .conftest import run_server
 from .modelgen.qwen3 import tiny_qwen3_tts
 from .reliability.load import engine_pids, wait_ended
@@ -77,11 +79,6 @@ def _request(**fields: Any) -> SpeechRequest:
 async def _speak(model: SpeechModel, request: SpeechRequest) -> bytes:
     async with await model.synthesize(request) as stream:
         return b"".join([chunk async for chunk in stream])
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def test_the_engine_process_speaks_as_the_model_in_this_process(
@@ -145,14 +142,14 @@ def test_a_reader_that_leaves_stops_the_engine_process(pool: ModelPool) -> None:
         try:
             stream = await model.synthesize(_request())
             await anext(stream)
-            before = _cpu_seconds(model.pid)
+            before = cpu_seconds(model.pid)
             await anyio.sleep(0.5)
-            busy = _cpu_seconds(model.pid) - before  # generating: a core's worth
+            busy = cpu_seconds(model.pid) - before  # generating: a core's worth
             await stream.aclose()  # the relay closes its connection; the child stops
             await anyio.sleep(0.3)
-            before = _cpu_seconds(model.pid)
+            before = cpu_seconds(model.pid)
             await anyio.sleep(1.0)
-            idle = _cpu_seconds(model.pid) - before
+            idle = cpu_seconds(model.pid) - before
             # And the model is free for the next synthesis (its lock was released).
             pcm = await _speak(model, _request())
         finally:

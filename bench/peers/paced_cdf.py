@@ -23,13 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.paced import PERIOD, FrameMaker, Stream, finish, open_stream, raise_fd_limit
-
-
-def cpu_seconds(pid: int) -> float:
-    import os
-
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from bench.report_parts import cpu_seconds
 
 
 def quantile(sorted_values: list[float], q: float) -> float:

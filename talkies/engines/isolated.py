@@ -112,7 +112,7 @@ ISOLATED_EXECUTORS = frozenset({"sherpa", "vosk", "whisper", "parakeet_cpp", "qw
 _HELLO = "TALKIES-ENGINE "  # the prefix of the child's one line on stdout
 _CLOSE_WAIT = 10.0  # seconds a closed child has to free its model before it is killed
 _CALL_WAIT = 30.0  # seconds a speech model's voices/validate call may take: else it is hung
-_STOP_POLL = 0.05  # how often a synthesis relay waiting for the child looks at its stop flag
+_STOP_POLL = 0.05  # how often a call waiting for the child looks at its cancel or stop flag
 
 
 class EngineCrashed(RuntimeError):
@@ -475,7 +475,7 @@ class IsolatedFileModel(IsolatedModel):
         try:
             conn.send(("transcribe", call, pcm, replace(request, cancel=None)))
             cancel_sent = False
-            while not conn.poll(0.05):
+            while not conn.poll(_STOP_POLL):
                 if not cancel_sent and request.cancel is not None and request.cancel.is_set():
                     cancel_sent = True
                     with contextlib.closing(self._connect()) as other:
@@ -574,16 +574,14 @@ class IsolatedSpeechModel(_EngineProcess):
                     while not conn.poll(_STOP_POLL):
                         emitter.check()  # the reader left: closing the connection stops it
                     reply = conn.recv()
-                    if reply[0] != "chunk":
-                        total = int(_result(reply))
-                        for _ in range(total - steps):
-                            emitter.step()
-                        return
-                    _, pcm, total = reply
+                    last = reply[0] != "chunk"  # the end: the step count, or what failed
+                    total = int(_result(reply)) if last else reply[2]
                     for _ in range(total - steps):
                         emitter.step()
                     steps = total
-                    emitter.emit(pcm)
+                    if last:
+                        return
+                    emitter.emit(reply[1])
             except (EOFError, OSError):
                 raise self._crashed() from None
 
@@ -784,9 +782,7 @@ def _load_recognition(
     try:
         model = load_model(entry, root, request["device"])
     except Exception as exc:
-        _hello(
-            {"ok": False, "error": str(exc) if isinstance(exc, EngineUnavailable) else repr(exc)}
-        )
+        _not_loaded(exc)
         return None
     if not isinstance(model, RecognitionModel):
         _hello({"ok": False, "error": f"executor {entry.executor!r} has no recognitions"})
@@ -809,10 +805,13 @@ def _load_speech(entry: ModelEntry, root: Path, request: dict[str, Any]) -> Spee
     try:
         return load_speech_model(entry, root, request["device"], Path(request["data_dir"]))
     except Exception as exc:
-        _hello(
-            {"ok": False, "error": str(exc) if isinstance(exc, EngineUnavailable) else repr(exc)}
-        )
+        _not_loaded(exc)
         return None
+
+
+def _not_loaded(exc: Exception) -> None:
+    """The hello of a load that raised: its client-safe message, else what it was."""
+    _hello({"ok": False, "error": str(exc) if isinstance(exc, EngineUnavailable) else repr(exc)})
 
 
 def main() -> int:

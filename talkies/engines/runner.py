@@ -163,7 +163,6 @@ class DecodeRounds:
         self._gathering: _Callback | None = None  # cancels the pending gather timer
         self._gather_until = 0.0
         self._last_start = 0.0  # when the last round started
-        self._spacing = False  # the gather timer is _spaced's
         self._stream_seconds = 0.0  # recent decoding time per stream and round
         self.rounds = 0  # rounds run, for tests and benchmarks
         self.abandoned = 0  # rounds given up at the deadline, for tests
@@ -248,17 +247,19 @@ class DecodeRounds:
             return False
         self._gather_until = start_at
         self._gathering = _later(token, wait, self._gathered)
-        self._spacing = True
         return True
 
     def _all_ready(self) -> bool:
         return all(s._queued or s._ended for s in self._open)
 
-    def _gathered(self) -> None:
-        self._spacing = False
+    def _stop_waiting(self) -> None:
+        """Cancel the pending gather or spacing timer, if any."""
         if self._gathering is not None:
             cancel, self._gathering = self._gathering, None
             cancel()
+
+    def _gathered(self) -> None:
+        self._stop_waiting()
         if self._running < self.parallel:
             self._start()
 
@@ -318,11 +319,10 @@ class DecodeRounds:
         for stream, _ in batch:
             self._enqueue(stream)  # a backlog (Work.more) or audio that came meanwhile
         # Straight on, without gathering: the model is not coming out of idle.
-        if self._spacing and self._gathering is not None:
-            # It waited for the round that just ended (or the gap after it): again, anew.
-            cancel, self._gathering = self._gathering, None
-            self._spacing = False
-            cancel()
+        if not self.gather:
+            # A spacing timer waited for the round that just ended (or the gap after it):
+            # decide again, anew. (A gather timer is only ever set while no round runs.)
+            self._stop_waiting()
         if (
             self._ready
             and self._running < self.parallel

@@ -215,11 +215,9 @@ class WsprotoChannel:
         """Write a text message at once (only after :meth:`can_send_now`; what the socket
         does not take is buffered, and the next message waits in :meth:`send_text`)."""
         assert self._transport is not None
-        try:
-            data = self._ws.send(Message(data=text))
-        except LocalProtocolError:
-            return  # the connection is closing: nothing more may be sent
-        self._transport.write(data)
+        data = self._frame(Message(data=text))
+        if data is not None:
+            self._transport.write(data)
 
     async def close(self, code: int, reason: str) -> None:
         if self._ws.state is ConnectionState.OPEN:
@@ -227,13 +225,20 @@ class WsprotoChannel:
         if self._broken:
             await self.aclose()  # nothing more can be parsed; don't wait for an answer
 
-    async def _send_event(self, event: Event) -> None:
+    def _frame(self, event: Event) -> bytes | None:
+        """``event`` as bytes to write; None when nothing more may be sent (closed, or
+        closing)."""
         if self._gone:
-            return
+            return None
         try:
-            data = self._ws.send(event)
+            return self._ws.send(event)
         except LocalProtocolError:
-            return  # the connection is closing: nothing more may be sent
+            return None
+
+    async def _send_event(self, event: Event) -> None:
+        data = self._frame(event)
+        if data is None:
+            return
         # Uncontended (the usual case), the lock is taken without a trip through the loop.
         try:
             self._send_lock.acquire_nowait()
