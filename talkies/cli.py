@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 
-from . import __version__
+from . import __version__, heap
 from .config import ConfigError, Settings
 from .engines.registry import RegistryError
 from .logs import configure
@@ -134,6 +134,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     async def run() -> None:
         async with anyio.create_task_group() as tg:
             await tg.start(server.serve)  # with the app's lifespan: TTL sweeper, unloading
+            heap.settle()  # start-up's objects out of the collector's sight (heap.py)
             signals_of_interest = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
             with anyio.open_signal_receiver(*signals_of_interest) as signals:
                 async for signum in signals:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import httpx
+
+from talkies import heap
 
 from .wire import START, drain, ws_connect
 
@@ -106,6 +109,29 @@ def test_stream_log_line_and_sigterm_exit_0() -> None:
     for r in streams:
         assert {"peer", "model", "audio_seconds", "frames", "duration"} <= set(r)
     assert streams[1]["model"] == "no-such"
+
+
+def test_serve_settles_the_garbage_collector_once_listening() -> None:
+    """talkies/heap.py: start-up's objects frozen, young collections every 10,000
+    allocations; and the server still answers afterwards."""
+    with serve() as (proc, port):
+        assert proc.stderr is not None
+        records = _read_json_lines(proc.stderr, "garbage collector settled")
+        settled = records[-1]
+        assert settled["thresholds"][0] == heap.YOUNG_THRESHOLD
+        assert settled["frozen_objects"] > 10_000  # the modules and tables of start-up
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code == 200
+
+
+def test_settle_freezes_and_raises_the_young_threshold() -> None:
+    before = gc.get_threshold()
+    try:
+        heap.settle()
+        assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == (heap.YOUNG_THRESHOLD, *before[1:])
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
 
 
 def test_sigterm_closes_streams_1001_after_the_grace_period() -> None:
