@@ -33,17 +33,62 @@ class _Round:
     check (:meth:`DecodeRounds._watch`) reads that under the same lock and may give the round
     up (``abandoned``): from then on the thread makes no further call, and the works of the
     step it is in are its own to close.
+
+    A round may be submitted before it is due (``not_before``, a ``time.monotonic()``): its
+    thread then waits until then, and until it seals the round, the event loop may still
+    :meth:`join` streams to it. The wait is the thread's own timed wait, precise to tens of
+    microseconds, where an event-loop timer would round it up to the selector's millisecond.
     """
 
-    __slots__ = ("abandoned", "batch", "current", "finished", "lock", "step_started")
+    __slots__ = (
+        "_not_before",
+        "abandoned",
+        "batch",
+        "current",
+        "due",
+        "finished",
+        "lock",
+        "sealed",
+        "step_started",
+    )
 
-    def __init__(self, batch: list[tuple[ThreadedStream, Work]]) -> None:
+    def __init__(self, batch: list[tuple[ThreadedStream, Work]], not_before: float = 0.0) -> None:
         self.batch = batch
         self.lock = threading.Lock()
         self.current: Sequence[Work] = ()  # the works of the call in progress
         self.step_started = 0.0  # time.monotonic() when it began
         self.finished: set[Work] = set()  # works whose calls returned
         self.abandoned = False
+        self.sealed = not_before <= 0.0  # no stream joins any more
+        self.due = threading.Condition(self.lock) if not self.sealed else None
+        self._not_before = not_before
+
+    def join(self, stream: ThreadedStream) -> bool:
+        """Event loop: claim ``stream``'s work into this round if it has not begun; whether
+        it was taken (a stream with nothing to claim is taken with nothing)."""
+        with self.lock:
+            if self.sealed:
+                return False
+            work = stream._claim()
+            if work is not None:
+                self.batch.append((stream, work))
+            return True
+
+    def start_now(self) -> None:
+        """Event loop: nothing more to wait for (every open stream is in)."""
+        if self.due is not None:
+            with self.due:
+                self._not_before = 0.0
+                self.due.notify()
+
+    def wait_until_due(self) -> None:
+        """Round thread: wait for ``not_before`` (or :meth:`start_now`), then seal the round."""
+        if self.due is None:
+            return
+        with self.due:
+            while (left := self._not_before - time.monotonic()) > 0:
+                self.due.wait(left)
+            self.sealed = True
 
 
 class _RoundThreads:
@@ -81,6 +126,7 @@ class _RoundThreads:
                         self._idle -= 1
                         return
                 continue  # a job is queued for a waiting thread: this one
+            batch.wait_until_due()
             started = time.perf_counter()
             try:
                 _decode_round(batch)

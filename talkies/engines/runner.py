@@ -21,12 +21,15 @@ Every live stream of every engine runs here (``shared/design.md``, "One engine r
 - **Spacing.** While decoding costs less than the hop (a cheap decoder: under 1 ms per
   stream and round), the hop is the whole cost, and under load a round per frame made the
   event loop and a round thread take turns at the GIL thousands of times a second. Then
-  rounds start at most every 0.5 ms, one at a time while the running one is quick, so one
+  rounds start at most every 0.9 ms, one at a time while the running one is quick, so one
   hop serves the audio of every stream that came meanwhile; a model out of idle, or whose
   open streams all have work, starts at once, and a round that turns out slow (a hung call)
-  holds the others back for 20 ms at most. Not for a model that gathers (sherpa: its own
-  ``max_wait`` batches), nor off asyncio (a timer there is a thread). Measured in
-  bench/README.md ("Transport efficiency").
+  holds the others back for 20 ms at most. The gap is waited for in the round thread: the
+  next round is handed to it when the last one ends, and streams that get audio meanwhile
+  join it until it is due (an event-loop timer would wake at the selector's next whole
+  millisecond, not at the gap). Not for a model that gathers (sherpa: its own ``max_wait``
+  batches), nor off asyncio (a timer there is a thread). Measured in bench/README.md
+  ("Transport efficiency").
 - **Results.** A consumer may :meth:`ThreadedStream.listen`: the results are then offered to
   it in the callback that ends the round (the transport answers a partial there, writing
   to the socket at once), and ``events()`` wakes only for what it leaves.
@@ -88,8 +91,9 @@ DEFAULT_DECODE_TIMEOUT = 30.0
 # free round threads rather than given to one: a thread hop costs ~50 us, so a null engine
 # (the transport benchmarks) keeps one hop per round, while real decoders use every core.
 _SPLIT_SECONDS = 0.001
-# The least time between two round starts of a model whose decoding costs less than that.
-_MIN_GAP = 0.0005
+# The least time between two round starts of a model whose decoding costs less than that
+# (0.5 ms cost 1.1-1.4x the bare loop's CPU per paced frame, 0.9 ms 0.9-1.05x: bench/README.md).
+_MIN_GAP = 0.0009
 # A round of such a model that has run this long is slow: another may start beside it.
 _SLOW_ROUND = 0.02
 
@@ -162,7 +166,8 @@ class DecodeRounds:
         self._open: set[ThreadedStream] = set()
         self._gathering: _Callback | None = None  # cancels the pending gather timer
         self._gather_until = 0.0
-        self._last_start = 0.0  # when the last round started
+        self._last_start = 0.0  # when the last round started (or will: see _spaced)
+        self._due: _Round | None = None  # a round waiting for its gap, that streams may join
         self._stream_seconds = 0.0  # recent decoding time per stream and round
         self.rounds = 0  # rounds run, for tests and benchmarks
         self.abandoned = 0  # rounds given up at the deadline, for tests
@@ -210,6 +215,15 @@ class DecodeRounds:
 
     def _poke(self, stream: ThreadedStream) -> None:
         """``stream`` got work (audio, its end): queue it; start a round if one may start."""
+        due = self._due
+        if due is not None:
+            if stream._queued or stream._busy or not stream._has_work():
+                return
+            if due.join(stream):  # into the round that waits for its gap
+                if self._all_ready(busy=True):
+                    due.start_now()
+                return
+            self._due = None  # it has begun
         if not self._enqueue(stream) or self._running >= self.parallel:
             return  # a round in progress starts the next one when it ends
         if self._gathering is not None:
@@ -227,7 +241,8 @@ class DecodeRounds:
         self._start()
 
     def _spaced(self, token: anyio.lowlevel.EventLoopToken) -> bool:
-        """Whether a round that could start now waits (a timer then starts it).
+        """Whether a round that could start now waits: it is then submitted to start after
+        the gap (and streams that get work meanwhile join it), or a timer starts it.
 
         Only while decoding costs less than a thread hop (the per-stream time of recent
         rounds is under _SPLIT_SECONDS): then the hop is the cost, so rounds start at most
@@ -241,7 +256,15 @@ class DecodeRounds:
             return False  # (a batched model's own gather decides; a real decoder goes now)
         if not isinstance(token.native_token, asyncio.AbstractEventLoop):
             return False  # elsewhere a timer is a thread: dearer than the hop it saves
-        start_at = self._last_start + (_SLOW_ROUND if self._running else _MIN_GAP)
+        if not self._running:
+            start_at = self._last_start + _MIN_GAP
+            if start_at <= time.monotonic() or self._all_ready():
+                return False
+            # The round thread waits for the gap, not the event loop: a loop timer would
+            # wait for the selector's next whole millisecond.
+            self._start(not_before=start_at)
+            return True
+        start_at = self._last_start + _SLOW_ROUND
         wait = start_at - time.monotonic()
         if wait <= 0 or self._all_ready():
             return False
@@ -249,8 +272,9 @@ class DecodeRounds:
         self._gathering = _later(token, wait, self._gathered)
         return True
 
-    def _all_ready(self) -> bool:
-        return all(s._queued or s._ended for s in self._open)
+    def _all_ready(self, *, busy: bool = False) -> bool:
+        """Whether every open stream has work (or, with ``busy``, is in a round) or ended."""
+        return all(s._queued or s._ended or (busy and s._busy) for s in self._open)
 
     def _stop_waiting(self) -> None:
         """Cancel the pending gather or spacing timer, if any."""
@@ -268,9 +292,10 @@ class DecodeRounds:
         if self._gathering is not None and self._all_ready():
             self._gathered()
 
-    def _start(self) -> None:
+    def _start(self, not_before: float = 0.0) -> None:
         """Take every ready stream's work into round threads: one, or when decoding costs
-        more than a thread hop, as many as are free, sharing the streams."""
+        more than a thread hop, as many as are free, sharing the streams. With
+        ``not_before``, the one round waits for that time (see ``_spaced``)."""
         shares = 1
         free = self.parallel - self._running
         if free > 1 and len(self._ready) > 1 and self._stream_seconds >= _SPLIT_SECONDS:
@@ -285,13 +310,15 @@ class DecodeRounds:
                 if work is not None:
                     batch.append((stream, work))
             if batch:
-                self._submit(batch)
+                self._submit(batch, not_before)
 
-    def _submit(self, batch: list[tuple[ThreadedStream, Work]]) -> None:
-        self._last_start = time.monotonic()
+    def _submit(self, batch: list[tuple[ThreadedStream, Work]], not_before: float = 0.0) -> None:
+        self._last_start = max(time.monotonic(), not_before)
         self._running += 1
         self.rounds += 1
-        round_ = _Round(batch)
+        round_ = _Round(batch, not_before)
+        if not round_.sealed:
+            self._due = round_
         self._rounds.add(round_)
         if self._watching is None or time.monotonic() > self._watch_at + 1.0:
             # (a check whose loop has gone never runs: one overdue by a second is replaced)
@@ -308,6 +335,8 @@ class DecodeRounds:
             return  # given up at the deadline: its streams were settled then
         self._rounds.discard(round_)
         self._running -= 1
+        if self._due is round_:
+            self._due = None
         batch = round_.batch
         DECODE_ROUND_SECONDS.labels(self.label).observe(seconds)
         self._stream_seconds += (seconds / len(batch) - self._stream_seconds) / 4  # recent
