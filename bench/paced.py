@@ -15,14 +15,21 @@ each 20 ms. Frame k carries k in its first four bytes.
 Latency of frame k = receipt of the first partial carrying a counter >= k minus the client's
 send time of frame k (a batch of frames is answered by one partial). Server RSS per connection =
 (RSS at mid-run - RSS before connecting, after one warm-up stream) / N, from /proc/<pid>/status.
-The client shares the machine's cores with the server: its own event-loop delays are part of
-the latency, and the "send lag" column shows how far behind schedule it sent (p99).
+Cores: on a machine with two or more, the server process runs on all cores but the last and the
+client on the last (:func:`core_layout`), as a server and clients on other machines would; the
+server's CPU per frame is the same either way, but a client on the server's cores competes with
+it, and with a server that has a worker thread (talkies' decode rounds) that competition shows up
+in the latency tail (bench/README.md, "Transport efficiency", third pass). ``--shared-cores``
+runs the client on every core, as this benchmark did before. Either way the client's own
+event-loop delays are part of the latency, and the "send lag" column shows how far behind
+schedule it sent (p99).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -306,7 +313,26 @@ async def run_client(args: argparse.Namespace) -> ClientResult:
     return result
 
 
+def core_layout(shared: bool = False) -> tuple[list[int], list[int]] | None:
+    """(the server's cores, the client's cores): the client on the last core this process may
+    use, the server on the others; None (everything on every core) with ``shared`` or on a
+    machine with one core."""
+    cores = sorted(os.sched_getaffinity(0))
+    if shared or len(cores) < 2:
+        return None
+    return cores[:-1], cores[-1:]
+
+
+def pin(pid: int, cores: Sequence[int]) -> None:
+    """Every thread of process ``pid`` onto ``cores`` (threads it starts later inherit)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):  # a thread that has just ended
+            os.sched_setaffinity(int(task.name), cores)
+
+
 def client_main(args: argparse.Namespace) -> None:
+    if args.cpus:
+        os.sched_setaffinity(0, [int(c) for c in args.cpus.split(",")])
     raise_fd_limit()
     result = asyncio.run(run_client(args))
     print(json.dumps(result.__dict__))
@@ -319,6 +345,10 @@ def run_one(kind: str, n: int, args: argparse.Namespace, logdir: Path) -> Client
     with server(kind, "echo", logdir, args.frame_bytes) as running:
         cmd = [sys.executable, str(HERE / "paced.py"), "--client", "--port", str(running.port)]
         cmd += ["--server-pid", str(running.pid), "--streams", str(n)]
+        if args.layout is not None:
+            server_cores, client_cores = args.layout
+            pin(running.pid, server_cores)
+            cmd += ["--cpus", ",".join(map(str, client_cores))]
         cmd += ["--duration", str(args.duration), "--frame-bytes", str(args.frame_bytes)]
         env = dict(os.environ)
         env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
@@ -341,15 +371,18 @@ def measure(
     duration: float = 10.0,
     frame_bytes: int = 640,
     quiet_wait: float = 20.0,
+    shared_cores: bool = False,
 ) -> dict[str, Any]:
     """Run the benchmark (what the CLI does) and return its results as a dict.
 
     ``rows``: one dict per (N, server), in run order; ``ratios``: for each N (a str key)
-    talkies / bare of ``us_per_frame`` and ``p99_ms`` when both ran; ``notes``: problems.
-    Progress rows go to stderr.
+    talkies / bare of ``us_per_frame`` and ``p99_ms`` when both ran; ``cores``: the server's
+    and the client's, or None if they shared every core; ``notes``: problems. Progress rows
+    go to stderr.
     """
     raise_fd_limit()
-    args = argparse.Namespace(duration=duration, frame_bytes=frame_bytes)
+    layout = core_layout(shared_cores)
+    args = argparse.Namespace(duration=duration, frame_bytes=frame_bytes, layout=layout)
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
     budget = [quiet_wait]
@@ -400,6 +433,7 @@ def measure(
         "frame_bytes": frame_bytes,
         "rows": rows,
         "ratios": ratios,
+        "cores": None if layout is None else {"server": layout[0], "client": layout[1]},
         "notes": notes,
     }
 
@@ -425,12 +459,18 @@ def main() -> None:
         default=20.0,
         help="seconds in all to wait for other processes to leave the CPUs idle (0: don't)",
     )
+    parser.add_argument(
+        "--shared-cores",
+        action="store_true",
+        help="run the client on the server's cores too (default: the client on the last core)",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON too")
     # The client process (started by the orchestrator):
     parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--server-pid", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--cpus", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client:
         args.streams = int(args.streams)
@@ -440,10 +480,15 @@ def main() -> None:
     counts = [int(x) for x in args.streams.split(",") if x]
     kinds = [k for k in args.servers.split(",") if k]
     print(f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} cpus")
+    layout = core_layout(args.shared_cores)
+    where = (
+        f"the client process shares the {os.cpu_count()} cores with the server"
+        if layout is None
+        else f"server on cores {layout[0]}, client on core {layout[1][0]}"
+    )
     print(
         f"paced: 1 frame of {args.frame_bytes} bytes per {PERIOD * 1000:.0f} ms per stream, "
-        f"{args.duration:g} s; the client process shares the {os.cpu_count()} cores with the "
-        "server (its delays count in the latency)"
+        f"{args.duration:g} s; {where} (the client's delays count in the latency)"
     )
     header = (
         f"{'server':36s} {'N':>5s} {'p50 ms':>8s} {'p90 ms':>8s} {'p99 ms':>8s} {'max ms':>8s} "
@@ -456,6 +501,7 @@ def main() -> None:
         duration=args.duration,
         frame_bytes=args.frame_bytes,
         quiet_wait=args.quiet_wait,
+        shared_cores=args.shared_cores,
     )
     print()
     print(header)

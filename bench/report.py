@@ -337,6 +337,14 @@ def notes_of(record: dict[str, Any]) -> list[str]:
             f'speech per stream sent as fast as taken; float32 + "Done" to it, s16le + the '
             f"talkies protocol to talkies; first transcripts equal: {sec['transcripts_equal']}."
         )
+    if "paced" in s and "rows" in s["paced"]:
+        cores = s["paced"].get("cores")
+        where = (
+            f"every server on cores {cores['server']}, the client on core {cores['client'][0]}"
+            if cores
+            else "the client on the servers' cores (shared)"
+        )
+        notes.append(f"paced: {where}; a fresh server process for each N.")
     if "vosk" in s and "transcripts_equal" in s["vosk"]:
         notes.append(
             "Vosk (engine_vosk.py's functions): the direct time includes creating the "

@@ -1,6 +1,7 @@
 """The paced client of ``bench/paced.py``, keeping the whole latency distribution (for CDFs).
 
     python bench/peers/paced_cdf.py --port P --server-pid PID --streams N [--duration 5]
+        [--cpus 1]
 
 Same load as ``paced.py``'s client (its ``Stream`` protocol, ``open_stream``, ``finish`` and
 ``FrameMaker``, imported): N streams, one 640-byte frame per 20 ms each, send times spread
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -114,7 +116,10 @@ def main() -> None:
     parser.add_argument("--streams", type=int, required=True)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--frame-bytes", type=int, default=640)
+    parser.add_argument("--cpus", default="", help="cores to run on, comma-separated")
     args = parser.parse_args()
+    if args.cpus:
+        os.sched_setaffinity(0, [int(c) for c in args.cpus.split(",")])
     raise_fd_limit()
     print(json.dumps(asyncio.run(run(args))))
 
