@@ -1,13 +1,17 @@
 """The garbage collector's settings for a standalone server (``talkies serve``).
 
 CPython's cyclic collector stops the event loop while it runs. With its defaults a serving
-process pays for that twice over (measured in bench/README.md, "Garbage collection"):
+process pays for that twice over (measured in bench/README.md, "Transport efficiency", third
+pass):
 
 - a full collection walks every object, and most of them are the modules, settings and
-  tables loaded at start-up, which never become garbage: at 400 paced streams, collections
-  of 40-120 ms held every connection, and the p99 frame latency was the length of one;
+  tables loaded at start-up, which never become garbage: at 400 paced streams, full
+  collections of up to 100 ms held every connection, and the p99 frame latency (177 ms) was
+  the length of one;
 - a young collection every 700 allocations ran 700 times in 12 s at 400 streams, about a
   millisecond each (the frames and coroutines in flight are young, and walked every time).
+
+Settled, the same run's p99 was 83 ms.
 
 :func:`settle` freezes what start-up allocated (:func:`gc.freeze`: never walked again) and
 collects the young generation every ``YOUNG_THRESHOLD`` allocations instead (the older
