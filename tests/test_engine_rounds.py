@@ -129,6 +129,77 @@ async def test_rounds_of_a_cheap_decoder_are_spaced(monkeypatch: pytest.MonkeyPa
             await stream.aclose()
 
 
+async def test_more_audio_and_the_end_join_the_round_that_waits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(runner, "_MIN_GAP", 1.0)
+    rounds = DecodeRounds(2)
+    first, second, idle = (
+        ThreadedStream(Cheap(), max_buffered_bytes=BUFFER, rounds=rounds) for _ in range(3)
+    )
+    frame = speech(0.02)
+    try:
+        await first.feed(frame)
+        await _next_event(first)
+        await second.feed(frame)  # within the gap: a round that waits for it
+        assert rounds.rounds == 2
+        await second.feed(frame)  # the same stream's next frame and its end go in it too
+        await second.flush()
+        with anyio.fail_after(5):
+            events = [e async for e in second.events()]
+        assert rounds.rounds == 2
+        assert isinstance(events[-1], EngineFinal) and events[-1].text == str(2 * len(frame))
+    finally:
+        for stream in (first, second, idle):
+            await stream.aclose()
+
+
+async def test_a_round_that_starts_early_counts_the_next_gap_from_then(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(runner, "_MIN_GAP", 1.0)
+    rounds = DecodeRounds(2)
+    first, second = (
+        ThreadedStream(Cheap(), max_buffered_bytes=BUFFER, rounds=rounds) for _ in range(2)
+    )
+    try:
+        await first.feed(speech(0.02))
+        await _next_event(first)
+        await second.feed(speech(0.02))  # waits for the gap ...
+        began = anyio.current_time()
+        await first.feed(speech(0.02))  # ... until every open stream is in it
+        await _next_event(first)
+        await _next_event(second)
+        assert anyio.current_time() - began < 0.5
+        assert rounds._last_start <= time.monotonic()  # not the gap's end that did not come
+    finally:
+        for stream in (first, second):
+            await stream.aclose()
+
+
+async def test_closing_the_stream_a_round_waits_for_starts_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(runner, "_MIN_GAP", 1.0)
+    rounds = DecodeRounds(2)
+    first, second, idle = (
+        ThreadedStream(Cheap(), max_buffered_bytes=BUFFER, rounds=rounds) for _ in range(3)
+    )
+    try:
+        await first.feed(speech(0.02))
+        await _next_event(first)
+        await second.feed(speech(0.02))
+        await first.feed(speech(0.02))  # both in the waiting round; idle has nothing
+        began = anyio.current_time()
+        await idle.aclose()
+        await _next_event(second)
+        await _next_event(first)
+        assert anyio.current_time() - began < 0.5
+    finally:
+        for stream in (first, second, idle):
+            await stream.aclose()
+
+
 async def test_a_model_that_gathers_is_not_spaced(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runner, "_MIN_GAP", 1.0)
     rounds = DecodeRounds(1, gather=0.01)  # sherpa's way: its own max_wait batches

@@ -42,6 +42,7 @@ class _Round:
 
     __slots__ = (
         "_not_before",
+        "_works",
         "abandoned",
         "batch",
         "current",
@@ -62,24 +63,40 @@ class _Round:
         self.sealed = not_before <= 0.0  # no stream joins any more
         self.due = threading.Condition(self.lock) if not self.sealed else None
         self._not_before = not_before
+        # (while it waits) each stream's work in it, so that more of its input can join
+        self._works: dict[ThreadedStream, Work] = {} if self.sealed else dict(batch)
 
     def join(self, stream: ThreadedStream) -> bool:
-        """Event loop: claim ``stream``'s work into this round if it has not begun; whether
-        it was taken (a stream with nothing to claim is taken with nothing)."""
+        """Event loop: claim ``stream``'s new work into this round if it has not begun (a
+        stream already in it adds its later audio and its end to its share); whether it was
+        taken. False once the round has begun: then the stream waits for the next."""
         with self.lock:
             if self.sealed:
                 return False
+            mine = self._works.get(stream)
+            if stream._busy and (mine is None or stream._more):
+                return True  # in another round, or its decoder's backlog first: that ends it
             work = stream._claim()
-            if work is not None:
+            if work is None:
+                return True
+            if mine is None:
                 self.batch.append((stream, work))
+                self._works[stream] = work
+            else:
+                mine.pcm += work.pcm
+                mine.finish = mine.finish or work.finish
             return True
 
-    def start_now(self) -> None:
-        """Event loop: nothing more to wait for (every open stream is in)."""
-        if self.due is not None:
-            with self.due:
-                self._not_before = 0.0
-                self.due.notify()
+    def start_now(self) -> bool:
+        """Event loop: nothing more to wait for (every open stream is in); whether the round
+        was still waiting."""
+        if self.due is None:
+            return False
+        with self.due:
+            waiting = not self.sealed
+            self._not_before = 0.0
+            self.due.notify()
+        return waiting
 
     def wait_until_due(self) -> None:
         """Round thread: wait for ``not_before`` (or :meth:`start_now`), then seal the round."""
@@ -89,6 +106,7 @@ class _Round:
             while (left := self._not_before - time.monotonic()) > 0:
                 self.due.wait(left)
             self.sealed = True
+            self._works.clear()
 
 
 class _RoundThreads:

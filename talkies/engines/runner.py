@@ -217,11 +217,10 @@ class DecodeRounds:
         """``stream`` got work (audio, its end): queue it; start a round if one may start."""
         due = self._due
         if due is not None:
-            if stream._queued or stream._busy or not stream._has_work():
+            if stream._queued or not stream._has_work():
                 return
             if due.join(stream):  # into the round that waits for its gap
-                if self._all_ready(busy=True):
-                    due.start_now()
+                self._start_due_if_all_in(due)
                 return
             self._due = None  # it has begun
         if not self._enqueue(stream) or self._running >= self.parallel:
@@ -272,6 +271,11 @@ class DecodeRounds:
         self._gathering = _later(token, wait, self._gathered)
         return True
 
+    def _start_due_if_all_in(self, due: _Round) -> None:
+        """Every open stream is in the waiting round (or ended): nothing more to wait for."""
+        if self._all_ready(busy=True) and due.start_now():
+            self._last_start = time.monotonic()  # (the next gap counts from now)
+
     def _all_ready(self, *, busy: bool = False) -> bool:
         """Whether every open stream has work (or, with ``busy``, is in a round) or ended."""
         return all(s._queued or s._ended or (busy and s._busy) for s in self._open)
@@ -291,6 +295,8 @@ class DecodeRounds:
         self._open.discard(stream)
         if self._gathering is not None and self._all_ready():
             self._gathered()
+        if self._due is not None:
+            self._start_due_if_all_in(self._due)
 
     def _start(self, not_before: float = 0.0) -> None:
         """Take every ready stream's work into round threads: one, or when decoding costs
