@@ -11,10 +11,11 @@ that ends their round.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import anyio
@@ -81,6 +82,20 @@ async def _next_event(stream: ThreadedStream, timeout: float = 5.0) -> EngineEve
     raise AssertionError("the stream ended")
 
 
+@contextlib.asynccontextmanager
+async def _streams(count: int, parallel: int = 2) -> AsyncIterator[list[ThreadedStream]]:
+    """``count`` streams of :class:`Cheap` on one model's rounds, closed at the end."""
+    rounds = DecodeRounds(parallel)
+    streams = [
+        ThreadedStream(Cheap(), max_buffered_bytes=BUFFER, rounds=rounds) for _ in range(count)
+    ]
+    try:
+        yield streams
+    finally:
+        for stream in streams:
+            await stream.aclose()
+
+
 async def test_an_idle_model_starts_a_round_at_once() -> None:
     rounds = DecodeRounds(2)
     stream = ThreadedStream(Cheap(), max_buffered_bytes=BUFFER, rounds=rounds)
@@ -133,12 +148,9 @@ async def test_more_audio_and_the_end_join_the_round_that_waits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(runner, "_MIN_GAP", 1.0)
-    rounds = DecodeRounds(2)
-    first, second, idle = (
-        ThreadedStream(Cheap(), max_buffered_bytes=BUFFER, rounds=rounds) for _ in range(3)
-    )
     frame = speech(0.02)
-    try:
+    async with _streams(3) as (first, second, _idle):
+        rounds = first._rounds
         await first.feed(frame)
         await _next_event(first)
         await second.feed(frame)  # within the gap: a round that waits for it
@@ -149,20 +161,13 @@ async def test_more_audio_and_the_end_join_the_round_that_waits(
             events = [e async for e in second.events()]
         assert rounds.rounds == 2
         assert isinstance(events[-1], EngineFinal) and events[-1].text == str(2 * len(frame))
-    finally:
-        for stream in (first, second, idle):
-            await stream.aclose()
 
 
 async def test_a_round_that_starts_early_counts_the_next_gap_from_then(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(runner, "_MIN_GAP", 1.0)
-    rounds = DecodeRounds(2)
-    first, second = (
-        ThreadedStream(Cheap(), max_buffered_bytes=BUFFER, rounds=rounds) for _ in range(2)
-    )
-    try:
+    async with _streams(2) as (first, second):
         await first.feed(speech(0.02))
         await _next_event(first)
         await second.feed(speech(0.02))  # waits for the gap ...
@@ -171,21 +176,15 @@ async def test_a_round_that_starts_early_counts_the_next_gap_from_then(
         await _next_event(first)
         await _next_event(second)
         assert anyio.current_time() - began < 0.5
-        assert rounds._last_start <= time.monotonic()  # not the gap's end that did not come
-    finally:
-        for stream in (first, second):
-            await stream.aclose()
+        # the next gap counts from that start, not from the gap's end that did not come
+        assert first._rounds._last_start <= time.monotonic()
 
 
 async def test_closing_the_stream_a_round_waits_for_starts_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(runner, "_MIN_GAP", 1.0)
-    rounds = DecodeRounds(2)
-    first, second, idle = (
-        ThreadedStream(Cheap(), max_buffered_bytes=BUFFER, rounds=rounds) for _ in range(3)
-    )
-    try:
+    async with _streams(3) as (first, second, idle):
         await first.feed(speech(0.02))
         await _next_event(first)
         await second.feed(speech(0.02))
@@ -195,9 +194,6 @@ async def test_closing_the_stream_a_round_waits_for_starts_it(
         await _next_event(second)
         await _next_event(first)
         assert anyio.current_time() - began < 0.5
-    finally:
-        for stream in (first, second, idle):
-            await stream.aclose()
 
 
 async def test_a_model_that_gathers_is_not_spaced(monkeypatch: pytest.MonkeyPatch) -> None:
