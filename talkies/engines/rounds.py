@@ -42,7 +42,6 @@ class _Round:
 
     __slots__ = (
         "_not_before",
-        "_works",
         "abandoned",
         "batch",
         "current",
@@ -63,8 +62,6 @@ class _Round:
         self.sealed = not_before <= 0.0  # no stream joins any more
         self.due = threading.Condition(self.lock) if not self.sealed else None
         self._not_before = not_before
-        # (while it waits) each stream's work in it, so that more of its input can join
-        self._works: dict[ThreadedStream, Work] = {} if self.sealed else dict(batch)
 
     def join(self, stream: ThreadedStream) -> bool:
         """Event loop: claim ``stream``'s new work into this round if it has not begun (a
@@ -73,15 +70,16 @@ class _Round:
         with self.lock:
             if self.sealed:
                 return False
-            mine = self._works.get(stream)
-            if stream._busy and (mine is None or stream._more):
-                return True  # in another round, or its decoder's backlog first: that ends it
+            mine = None
+            if stream._busy:  # (rare: a second frame within the gap) in this round?
+                mine = next((work for each, work in self.batch if each is stream), None)
+                if mine is None or stream._more:
+                    return True  # in another round, or its decoder's backlog first: that ends it
             work = stream._claim()
             if work is None:
                 return True
             if mine is None:
                 self.batch.append((stream, work))
-                self._works[stream] = work
             else:
                 mine.pcm += work.pcm
                 mine.finish = mine.finish or work.finish
@@ -106,7 +104,6 @@ class _Round:
             while (left := self._not_before - time.monotonic()) > 0:
                 self.due.wait(left)
             self.sealed = True
-            self._works.clear()
 
 
 class _RoundThreads:
