@@ -313,7 +313,10 @@ async def run_client(args: argparse.Namespace) -> ClientResult:
     return result
 
 
-def core_layout(shared: bool = False) -> tuple[list[int], list[int]] | None:
+Layout = tuple[list[int], list[int]]  # (the server's cores, the client's cores)
+
+
+def core_layout(shared: bool = False) -> Layout | None:
     """(the server's cores, the client's cores): the client on the last core this process may
     use, the server on the others; None (everything on every core) with ``shared`` or on a
     machine with one core."""
@@ -330,9 +333,27 @@ def pin(pid: int, cores: Sequence[int]) -> None:
             os.sched_setaffinity(int(task.name), cores)
 
 
+def place(server_pid: int, layout: Layout | None) -> list[str]:
+    """Pin the server to its cores; the arguments that put a paced client on its own."""
+    if layout is None:
+        return []
+    pin(server_pid, layout[0])
+    return ["--cpus", ",".join(map(str, layout[1]))]
+
+
+def describe(layout: Layout | None) -> dict[str, list[int]] | None:
+    """``layout`` for a results record."""
+    return None if layout is None else {"server": layout[0], "client": layout[1]}
+
+
+def take_cores(cpus: str) -> None:
+    """A paced client's ``--cpus``: run this process on those cores (none: anywhere)."""
+    if cpus:
+        os.sched_setaffinity(0, [int(c) for c in cpus.split(",")])
+
+
 def client_main(args: argparse.Namespace) -> None:
-    if args.cpus:
-        os.sched_setaffinity(0, [int(c) for c in args.cpus.split(",")])
+    take_cores(args.cpus)
     raise_fd_limit()
     result = asyncio.run(run_client(args))
     print(json.dumps(result.__dict__))
@@ -345,10 +366,7 @@ def run_one(kind: str, n: int, args: argparse.Namespace, logdir: Path) -> Client
     with server(kind, "echo", logdir, args.frame_bytes) as running:
         cmd = [sys.executable, str(HERE / "paced.py"), "--client", "--port", str(running.port)]
         cmd += ["--server-pid", str(running.pid), "--streams", str(n)]
-        if args.layout is not None:
-            server_cores, client_cores = args.layout
-            pin(running.pid, server_cores)
-            cmd += ["--cpus", ",".join(map(str, client_cores))]
+        cmd += place(running.pid, args.layout)
         cmd += ["--duration", str(args.duration), "--frame-bytes", str(args.frame_bytes)]
         env = dict(os.environ)
         env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
@@ -433,7 +451,7 @@ def measure(
         "frame_bytes": frame_bytes,
         "rows": rows,
         "ratios": ratios,
-        "cores": None if layout is None else {"server": layout[0], "client": layout[1]},
+        "cores": describe(layout),
         "notes": notes,
     }
 

@@ -190,7 +190,7 @@ def paced(p: dict[str, Any]) -> dict[str, Any]:
 
     The server runs on every core but the last, the client on the last (bench/paced.py's
     ``core_layout``), unless ``shared_cores``."""
-    from bench.paced import core_layout, pin
+    from bench.paced import core_layout, describe, place
 
     layout = core_layout(bool(p.get("shared_cores")))
     rows: list[dict[str, Any]] = []
@@ -201,9 +201,7 @@ def paced(p: dict[str, Any]) -> dict[str, Any]:
                     cmd = [sys.executable, str(PEERS / "paced_cdf.py"), "--port", str(srv.port)]
                     cmd += ["--server-pid", str(srv.pid), "--streams", str(n)]
                     cmd += ["--duration", str(p["duration"])]
-                    if layout is not None:
-                        pin(srv.pid, layout[0])
-                        cmd += ["--cpus", ",".join(map(str, layout[1]))]
+                    cmd += place(srv.pid, layout)
                     out = subprocess.run(
                         cmd,
                         check=False,
@@ -227,8 +225,7 @@ def paced(p: dict[str, Any]) -> dict[str, Any]:
         for kind, r in at.items():
             if kind != "talkies" and r.get("p99"):
                 ratios[f"p99 talkies/{kind} N={n}"] = at["talkies"]["p99"] / r["p99"]
-    cores = None if layout is None else {"server": layout[0], "client": layout[1]}
-    return {"rows": rows, "period": 0.020, "ratios": ratios, "cores": cores}
+    return {"rows": rows, "period": 0.020, "ratios": ratios, "cores": describe(layout)}
 
 
 # -- sherpa-onnx's own streaming server --------------------------------------------------------

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.paced import PERIOD, FrameMaker, Stream, finish, open_stream, raise_fd_limit
+from bench.paced import (
+    PERIOD,
+    FrameMaker,
+    Stream,
+    finish,
+    open_stream,
+    raise_fd_limit,
+    take_cores,
+)
 from bench.report_parts import cpu_seconds
 
 
@@ -118,8 +125,7 @@ def main() -> None:
     parser.add_argument("--frame-bytes", type=int, default=640)
     parser.add_argument("--cpus", default="", help="cores to run on, comma-separated")
     args = parser.parse_args()
-    if args.cpus:
-        os.sched_setaffinity(0, [int(c) for c in args.cpus.split(",")])
+    take_cores(args.cpus)
     raise_fd_limit()
     print(json.dumps(asyncio.run(run(args))))
 
