@@ -1,6 +1,7 @@
 """Real-time streams: frame -> event latency and server memory per connection, at N streams.
 
     python bench/paced.py [--streams 100,400,1000] [--duration 10] [--servers talkies,bare]
+        [--turn 0.5] [--shared-cores] [--json]
 
 For each N and each server (a fresh server process each time, ``servers.py --mode echo``), a
 client process opens N WebSockets on raw sockets (asyncio protocols, one event loop), sends
@@ -23,6 +24,14 @@ in the latency tail (bench/README.md, "Transport efficiency", third pass). ``--s
 runs the client on every core, as this benchmark did before. Either way the client's own
 event-loop delays are part of the latency, and the "send lag" column shows how far behind
 schedule it sent (p99).
+
+``--turn SECONDS`` starts the servers of each N at once (all pinned to the server's cores) and
+one client paces them in turns of that many seconds, in ABBA order (talkies, bare, bare,
+talkies, ...), until each has had ``--duration`` seconds: whatever else the machine does
+meanwhile (another process taking the server's core for a few ms, a slower minute) then falls
+on both alike, instead of on whichever server happened to run at the time. The server not
+being paced holds its N idle streams. Without it (the default), the servers run one after
+the other, each in a fresh process.
 """
 
 from __future__ import annotations
@@ -233,22 +242,34 @@ async def finish(streams: list[Stream], timeout: float) -> int:
     return sum(1 for f in done if not f.cancelled() and f.exception() is None)
 
 
-async def run_client(args: argparse.Namespace) -> ClientResult:
-    host, port, n = args.host, args.port, args.streams
-    result = ClientResult(streams=n)
-    make = FrameMaker(args.frame_bytes)
+@dataclass
+class Target:
+    """One server the client paces: its streams, and what was measured of it so far."""
 
-    warm = await open_stream(host, port)
+    result: ClientResult
+    streams: list[Stream]
+    pid: int
+    total: int  # frames to pace in all
+    sent: int = 0  # frames paced so far (the counter j of the pacing)
+    cpu_s: float = 0.0  # the server's CPU seconds while its streams were paced
+    paced_s: float = 0.0  # seconds its streams were paced
+    lags: list[float] = field(default_factory=list)
+
+
+async def connect(args: argparse.Namespace, port: int, pid: int, make: FrameMaker) -> Target:
+    """A warm-up stream, the server's RSS before, then the N streams (started, ready)."""
+    result = ClientResult(streams=args.streams)
+    warm = await open_stream(args.host, port)
     for k in range(5):
         warm.send(make(k))
     await finish([warm], 5)
     await asyncio.sleep(0.3)
-    result.rss_before_kib = rss_kib(args.server_pid)
+    result.rss_before_kib = rss_kib(pid)
 
     t0 = time.perf_counter()
     streams: list[Stream] = []
-    for i in range(0, n, 50):
-        batch = [open_stream(host, port) for _ in range(min(50, n - i))]
+    for i in range(0, args.streams, 50):
+        batch = [open_stream(args.host, port) for _ in range(min(50, args.streams - i))]
         for outcome in await asyncio.gather(*batch, return_exceptions=True):
             if isinstance(outcome, BaseException):
                 result.errors.append(f"connect: {type(outcome).__name__}: {outcome}")
@@ -256,61 +277,105 @@ async def run_client(args: argparse.Namespace) -> ClientResult:
                 streams.append(outcome)
     result.connect_s = time.perf_counter() - t0
     result.connected = len(streams)
-    if not streams:
-        return result
+    total = int(args.duration / PERIOD) * len(streams)
+    return Target(result, streams, pid, total)
 
-    live = len(streams)
+
+async def pace(target: Target, frames: int, make: FrameMaker, lead: float) -> None:
+    """Send ``target``'s next ``frames`` frames at real time, starting ``lead`` s from now:
+    one frame per stream per 20 ms, the streams' send times spread evenly over each 20 ms."""
+    streams, live = target.streams, len(target.streams)
     slot = PERIOD / live
-    total = int(args.duration / PERIOD) * live
-    half = total // 2
-    lags: list[float] = []
-    start = time.perf_counter() + 0.05
-    cpu0 = cpu_seconds(args.server_pid)
-    j = 0
+    half = target.total // 2
     perf = time.perf_counter
-    while j < total:
+    start = perf() + lead
+    cpu0 = cpu_seconds(target.pid)
+    j0, i = target.sent, 0
+    while i < frames:
         now = perf()
-        due = start + j * slot
+        due = start + i * slot
         if due > now:
             await asyncio.sleep(due - now)
             continue
-        while j < total and start + j * slot <= now:
+        while i < frames and start + i * slot <= now:
+            j = j0 + i
             stream = streams[j % live]
             if not stream.gone:
                 frame = make(j // live)
                 sent_at = perf()
                 stream.sent.append(sent_at)
                 stream.send(frame)
-                lags.append(sent_at - (start + j * slot))
-            j += 1
-            if j == half:
-                result.rss_mid_kib = rss_kib(args.server_pid)
+                target.lags.append(sent_at - (start + i * slot))
+            i += 1
+            if j + 1 == half:
+                target.result.rss_mid_kib = rss_kib(target.pid)
         await asyncio.sleep(0)
-    result.server_cores = (cpu_seconds(args.server_pid) - cpu0) / (perf() - start)
+    target.sent += frames
+    target.cpu_s += cpu_seconds(target.pid) - cpu0
+    target.paced_s += perf() - start
 
+
+def segments(targets: Sequence[Target], seconds: float) -> list[tuple[Target, int]]:
+    """The pacing schedule: (target, frames) in order. One target: all of it at once. More:
+    turns of ``seconds`` each, in ABBA order (A B, B A, A B, ...), so that whatever else the
+    machine does, and any drift, falls on every server alike."""
+    if len(targets) == 1 or seconds <= 0:
+        return [(t, t.total) for t in targets]
+    plan: list[tuple[Target, int]] = []
+    left = {id(t): t.total for t in targets}
+    turn = 0
+    while any(left.values()):
+        order = list(targets) if turn % 2 == 0 else list(reversed(targets))
+        for t in order:
+            n = min(left[id(t)], int(seconds / PERIOD) * len(t.streams))
+            if n:
+                plan.append((t, n))
+                left[id(t)] -= n
+        turn += 1
+    return plan
+
+
+async def run_client(args: argparse.Namespace) -> list[ClientResult]:
+    """Pace N streams on each server of ``--port`` (comma-separated, with ``--server-pid``
+    in the same order): one after the other, or in turns of ``--turn`` seconds."""
+    make = FrameMaker(args.frame_bytes)
+    ports = [int(p) for p in str(args.port).split(",")]
+    pids = [int(p) for p in str(args.server_pid).split(",")]
+    targets = [await connect(args, port, pid, make) for port, pid in zip(ports, pids, strict=True)]
+    live = [t for t in targets if t.streams]
+    for k, (target, frames) in enumerate(segments(live, args.turn)):
+        await pace(target, frames, make, lead=0.05 if k == 0 else 0.0)
+
+    perf = time.perf_counter
     # Let the last answers arrive (bounded), then end every stream.
+    everyone = [s for t in live for s in t.streams]
     deadline = perf() + 3.0
-    while perf() < deadline and any(s.acked < len(s.sent) for s in streams if not s.gone):
+    while perf() < deadline and any(s.acked < len(s.sent) for s in everyone if not s.gone):
         await asyncio.sleep(0.01)
-    result.stats_received = await finish([s for s in streams if not s.gone], 8)
+    for target in live:
+        streams = target.streams
+        result = target.result
+        result.stats_received = await finish([s for s in streams if not s.gone], 8)
     await asyncio.sleep(0.2)
-    for s in streams:
+    for s in everyone:
         if s.transport is not None:
             s.transport.close()
 
-    latencies = sorted(x for s in streams for x in s.latencies)
-    result.frames_sent = sum(len(s.sent) for s in streams)
-    result.frames_answered = len(latencies)
-    result.latencies_ms = {
-        name: percentile(latencies, q) * 1000
-        for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))
-    }
-    lags.sort()
-    result.send_lag_p99_ms = percentile(lags, 0.99) * 1000
-    lost = sum(1 for s in streams if s.gone and not s.stats.done())
-    if lost:
-        result.errors.append(f"{lost} streams closed before their stats")
-    return result
+    for target in live:
+        result, streams = target.result, target.streams
+        result.server_cores = target.cpu_s / max(target.paced_s, 1e-9)
+        latencies = sorted(x for s in streams for x in s.latencies)
+        result.frames_sent = sum(len(s.sent) for s in streams)
+        result.frames_answered = len(latencies)
+        result.latencies_ms = {
+            name: percentile(latencies, q) * 1000
+            for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))
+        }
+        result.send_lag_p99_ms = percentile(sorted(target.lags), 0.99) * 1000
+        lost = sum(1 for s in streams if s.gone and not s.stats.done())
+        if lost:
+            result.errors.append(f"{lost} streams closed before their stats")
+    return [t.result for t in targets]
 
 
 Layout = tuple[list[int], list[int]]  # (the server's cores, the client's cores)
@@ -355,31 +420,47 @@ def take_cores(cpus: str) -> None:
 def client_main(args: argparse.Namespace) -> None:
     take_cores(args.cpus)
     raise_fd_limit()
-    result = asyncio.run(run_client(args))
-    print(json.dumps(result.__dict__))
+    results = asyncio.run(run_client(args))
+    print(json.dumps([r.__dict__ for r in results]))
 
 
 # -- the orchestrator ----------------------------------------------------------------------------
 
 
-def run_one(kind: str, n: int, args: argparse.Namespace, logdir: Path) -> ClientResult:
-    with server(kind, "echo", logdir, args.frame_bytes) as running:
-        cmd = [sys.executable, str(HERE / "paced.py"), "--client", "--port", str(running.port)]
-        cmd += ["--server-pid", str(running.pid), "--streams", str(n)]
-        cmd += place(running.pid, args.layout)
+def run_servers(
+    kinds: Sequence[str], n: int, args: argparse.Namespace, logdir: Path
+) -> dict[str, ClientResult]:
+    """Start a server of each kind (all at once), pace N streams on each from one client
+    process (in turns of ``args.turn`` s when there are several), stop them."""
+    with contextlib.ExitStack() as stack:
+        running = [stack.enter_context(server(k, "echo", logdir, args.frame_bytes)) for k in kinds]
+        cmd = [sys.executable, str(HERE / "paced.py"), "--client"]
+        cmd += ["--port", ",".join(str(r.port) for r in running)]
+        cmd += ["--server-pid", ",".join(str(r.pid) for r in running), "--streams", str(n)]
+        client_cores: list[str] = []
+        for r in running:
+            client_cores = place(r.pid, args.layout)  # (the same for each server)
+        cmd += client_cores
         cmd += ["--duration", str(args.duration), "--frame-bytes", str(args.frame_bytes)]
+        cmd += ["--turn", str(args.turn)]
         env = dict(os.environ)
         env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
+        timeout = args.duration * len(kinds) + 30 * len(kinds)
         out = subprocess.run(
-            cmd, check=False, capture_output=True, text=True, timeout=args.duration + 30, env=env
+            cmd, check=False, capture_output=True, text=True, timeout=timeout, env=env
         )
         if out.returncode != 0:
             raise RuntimeError(f"paced client failed: {out.stderr[-3000:]}")
-        result = ClientResult(**json.loads(out.stdout.strip().splitlines()[-1]))
-    problems = log_problems(running.log)
-    if problems:
-        result.errors.append(f"{len(problems)} warning/error log lines, first: {problems[0][:300]}")
-    return result
+        decoded = json.loads(out.stdout.strip().splitlines()[-1])
+    results = {}
+    for kind, r, raw in zip(kinds, running, decoded, strict=True):
+        result = ClientResult(**raw)
+        problems = log_problems(r.log)
+        if problems:
+            first = problems[0][:300]
+            result.errors.append(f"{len(problems)} warning/error log lines, first: {first}")
+        results[kind] = result
+    return results
 
 
 def measure(
@@ -390,6 +471,7 @@ def measure(
     frame_bytes: int = 640,
     quiet_wait: float = 20.0,
     shared_cores: bool = False,
+    turn: float = 0.0,
 ) -> dict[str, Any]:
     """Run the benchmark (what the CLI does) and return its results as a dict.
 
@@ -400,42 +482,28 @@ def measure(
     """
     raise_fd_limit()
     layout = core_layout(shared_cores)
-    args = argparse.Namespace(duration=duration, frame_bytes=frame_bytes, layout=layout)
+    args = argparse.Namespace(duration=duration, frame_bytes=frame_bytes, layout=layout, turn=turn)
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
     budget = [quiet_wait]
+    together = turn > 0 and len(kinds) > 1
     with tempfile.TemporaryDirectory(prefix="talkies-paced-") as tmp:
         for n in counts:
-            for kind in kinds:
+            for group in [list(kinds)] if together else [[k] for k in kinds]:
                 if budget[0] > 0:
                     wait_for_quiet(budget)
                 with CpuWindow() as window:
-                    r = run_one(kind, n, args, Path(tmp))
-                frames_per_s = r.connected / PERIOD
-                row: dict[str, Any] = {
-                    "server": kind,
-                    "label": LABELS[kind],
-                    "streams": n,
-                    **{f"{k}_ms": v for k, v in r.latencies_ms.items()},
-                    "answered": r.frames_answered / max(r.frames_sent, 1),
-                    "kib_per_conn": (r.rss_mid_kib - r.rss_before_kib) / max(r.connected, 1),
-                    "server_cores": r.server_cores,
-                    "us_per_frame": r.server_cores / max(frames_per_s, 1) * 1e6,
-                    "send_lag_p99_ms": r.send_lag_p99_ms,
-                    "connect_s": r.connect_s,
-                    "other_cores": window.others_cores,
-                    "connected": r.connected,
-                    "stats_received": r.stats_received,
-                    "errors": r.errors,
-                }
-                rows.append(row)
-                print(format_row(row), file=sys.stderr)
-                if r.connected != n or r.stats_received != r.connected:
-                    notes.append(
-                        f"{kind} N={n}: connected {r.connected}/{n}, "
-                        f"stats {r.stats_received}/{r.connected}"
-                    )
-                notes.extend(f"{kind} N={n}: {e}" for e in r.errors[:5])
+                    results = run_servers(group, n, args, Path(tmp))
+                for kind, r in results.items():
+                    row = make_row(kind, n, r, window.others_cores)
+                    rows.append(row)
+                    print(format_row(row), file=sys.stderr)
+                    if r.connected != n or r.stats_received != r.connected:
+                        notes.append(
+                            f"{kind} N={n}: connected {r.connected}/{n}, "
+                            f"stats {r.stats_received}/{r.connected}"
+                        )
+                    notes.extend(f"{kind} N={n}: {e}" for e in r.errors[:5])
     ratios: dict[str, dict[str, float]] = {}
     for n in counts:
         by_kind = {row["server"]: row for row in rows if row["streams"] == n}
@@ -452,7 +520,28 @@ def measure(
         "rows": rows,
         "ratios": ratios,
         "cores": describe(layout),
+        "turn": turn if together else 0.0,
         "notes": notes,
+    }
+
+
+def make_row(kind: str, n: int, r: ClientResult, other_cores: float) -> dict[str, Any]:
+    frames_per_s = r.connected / PERIOD
+    return {
+        "server": kind,
+        "label": LABELS[kind],
+        "streams": n,
+        **{f"{k}_ms": v for k, v in r.latencies_ms.items()},
+        "answered": r.frames_answered / max(r.frames_sent, 1),
+        "kib_per_conn": (r.rss_mid_kib - r.rss_before_kib) / max(r.connected, 1),
+        "server_cores": r.server_cores,
+        "us_per_frame": r.server_cores / max(frames_per_s, 1) * 1e6,
+        "send_lag_p99_ms": r.send_lag_p99_ms,
+        "connect_s": r.connect_s,
+        "other_cores": other_cores,
+        "connected": r.connected,
+        "stats_received": r.stats_received,
+        "errors": r.errors,
     }
 
 
@@ -482,12 +571,19 @@ def main() -> None:
         action="store_true",
         help="run the client on the server's cores too (default: the client on the last core)",
     )
+    parser.add_argument(
+        "--turn",
+        type=float,
+        default=0.0,
+        help="seconds per turn: run the servers at once and pace them in turns (0: one after "
+        "the other)",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON too")
     # The client process (started by the orchestrator):
     parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--server-pid", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--port", default="0", help=argparse.SUPPRESS)
+    parser.add_argument("--server-pid", default="0", help=argparse.SUPPRESS)
     parser.add_argument("--cpus", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client:
@@ -520,6 +616,7 @@ def main() -> None:
         frame_bytes=args.frame_bytes,
         quiet_wait=args.quiet_wait,
         shared_cores=args.shared_cores,
+        turn=args.turn,
     )
     print()
     print(header)

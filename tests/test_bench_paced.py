@@ -44,3 +44,36 @@ def test_pin_moves_every_thread_of_a_process() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_turns_alternate_abba_and_add_up_to_each_servers_frames() -> None:
+    from bench.paced import ClientResult, Target, segments
+
+    def target(streams: int, seconds: float) -> Target:
+        fake = [object()] * streams  # segments() only counts a target's streams
+        return Target(ClientResult(streams=streams), fake, 0, int(seconds / 0.02) * streams)  # type: ignore[arg-type]
+
+    a, b = target(2, 1.0), target(2, 1.0)
+    plan = segments([a, b], 0.5)
+    assert [(t is a, n) for t, n in plan] == [(True, 50), (False, 50), (False, 50), (True, 50)]
+    assert segments([a], 0.5) == [(a, 100)]
+    assert segments([a, b], 0.0) == [(a, 100), (b, 100)]
+    c, d = target(3, 1.1), target(3, 1.1)  # a last turn shorter than the others
+    plan = segments([c, d], 0.4)
+    assert sum(n for t, n in plan if t is c) == c.total == sum(n for t, n in plan if t is d)
+    assert [t is c for t, _ in plan] == [True, False, False, True, True, False]
+
+
+def test_two_servers_paced_in_turns_answer_every_frame() -> None:
+    """The whole path of ``--turn``: both servers at once, one client, a row each."""
+    from bench.paced import measure
+
+    results = measure([3], ("talkies", "bare"), duration=0.4, quiet_wait=0, turn=0.1)
+    assert results["turn"] == 0.1 and results["notes"] == []
+    rows = {row["server"]: row for row in results["rows"]}
+    assert set(rows) == {"talkies", "bare"}
+    for row in rows.values():
+        assert row["connected"] == row["stats_received"] == 3
+        assert row["answered"] == 1.0
+        assert row["server_cores"] > 0
+    assert set(results["ratios"]["3"]) == {"us_per_frame", "p99_ms"}
