@@ -29,8 +29,10 @@ schedule it sent (p99).
 one client paces them in turns of that many seconds, in ABBA order (talkies, bare, bare,
 talkies, ...), until each has had ``--duration`` seconds: whatever else the machine does
 meanwhile (another process taking the server's core for a few ms, a slower minute) then falls
-on both alike, instead of on whichever server happened to run at the time. The server not
-being paced holds its N idle streams. Without it (the default), the servers run one after
+on both alike, instead of on whichever server happened to run at the time. Between turns
+the client waits until the last server has answered every frame (2 s at most), so that a
+backlog it is still working off never slows the next one; the server not being paced holds
+its N idle streams. Without it (the default), the servers run one after
 the other, each in a fresh process.
 """
 
@@ -335,46 +337,69 @@ def segments(targets: Sequence[Target], seconds: float) -> list[tuple[Target, in
     return plan
 
 
-async def run_client(args: argparse.Namespace) -> list[ClientResult]:
-    """Pace N streams on each server of ``--port`` (comma-separated, with ``--server-pid``
-    in the same order): one after the other, or in turns of ``--turn`` seconds."""
+async def answered(streams: Sequence[Stream], timeout: float) -> None:
+    """Wait (``timeout`` s at most) until every frame sent on ``streams`` has its partial."""
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline and any(
+        s.acked < len(s.sent) for s in streams if not s.gone
+    ):
+        await asyncio.sleep(0.001)
+
+
+async def run_targets(args: argparse.Namespace) -> list[Target]:
+    """Connect to each server of ``--port`` (comma-separated, with ``--server-pid`` in the same
+    order), pace N streams on each (one after the other, or in turns of ``--turn`` s), let the
+    answers arrive, end every stream (stats), close. The targets keep each frame's latency."""
     make = FrameMaker(args.frame_bytes)
     ports = [int(p) for p in str(args.port).split(",")]
     pids = [int(p) for p in str(args.server_pid).split(",")]
     targets = [await connect(args, port, pid, make) for port, pid in zip(ports, pids, strict=True)]
     live = [t for t in targets if t.streams]
-    for k, (target, frames) in enumerate(segments(live, args.turn)):
+    plan = segments(live, args.turn)
+    for k, (target, frames) in enumerate(plan):
         await pace(target, frames, make, lead=0.05 if k == 0 else 0.0)
+        if k + 1 < len(plan) and plan[k + 1][0] is not target:
+            # Its answers first: a server still working off a backlog would slow the next.
+            await answered(target.streams, 2.0)
 
-    perf = time.perf_counter
     # Let the last answers arrive (bounded), then end every stream.
     everyone = [s for t in live for s in t.streams]
-    deadline = perf() + 3.0
-    while perf() < deadline and any(s.acked < len(s.sent) for s in everyone if not s.gone):
-        await asyncio.sleep(0.01)
+    await answered(everyone, 3.0)
     for target in live:
-        streams = target.streams
-        result = target.result
-        result.stats_received = await finish([s for s in streams if not s.gone], 8)
+        alive = [s for s in target.streams if not s.gone]
+        target.result.stats_received = await finish(alive, 8)
     await asyncio.sleep(0.2)
     for s in everyone:
         if s.transport is not None:
             s.transport.close()
-
     for target in live:
         result, streams = target.result, target.streams
         result.server_cores = target.cpu_s / max(target.paced_s, 1e-9)
-        latencies = sorted(x for s in streams for x in s.latencies)
         result.frames_sent = sum(len(s.sent) for s in streams)
-        result.frames_answered = len(latencies)
-        result.latencies_ms = {
-            name: percentile(latencies, q) * 1000
-            for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))
-        }
-        result.send_lag_p99_ms = percentile(sorted(target.lags), 0.99) * 1000
         lost = sum(1 for s in streams if s.gone and not s.stats.done())
         if lost:
             result.errors.append(f"{lost} streams closed before their stats")
+    return targets
+
+
+def latencies(target: Target) -> list[float]:
+    """Every answered frame's latency on ``target`` (seconds), sorted."""
+    return sorted(x for s in target.streams for x in s.latencies)
+
+
+async def run_client(args: argparse.Namespace) -> list[ClientResult]:
+    """:func:`run_targets`, summed up per server in percentiles."""
+    targets = await run_targets(args)
+    for target in targets:
+        if not target.streams:
+            continue
+        result, lat = target.result, latencies(target)
+        result.frames_answered = len(lat)
+        result.latencies_ms = {
+            name: percentile(lat, q) * 1000
+            for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))
+        }
+        result.send_lag_p99_ms = percentile(sorted(target.lags), 0.99) * 1000
     return [t.result for t in targets]
 
 

@@ -9,7 +9,8 @@ Sections (each in its own process, its servers in processes of their own; see
 - ingest: bulk frames/s (``loadgen.py``) into talkies' own server, the bare anyio + wsproto
   loop, uvicorn + Starlette, the ``websockets`` server, and talkies' ASGI adapter under uvicorn
   (wsproto, and websockets' implementation);
-- paced: N real-time streams per server, the whole frame -> partial latency distribution;
+- paced: N real-time streams per server, the whole frame -> partial latency distribution
+  (all the servers of an N at once, paced in alternating half-second turns);
 - sherpa_server: talkies serving a sherpa-onnx transducer vs sherpa-onnx's own
   ``python-api-examples/streaming_server.py`` on the same model (run from the sources when
   they are at hand, else the reproduction in ``peers/sherpa_streaming.py``; the JSON says
@@ -90,6 +91,7 @@ def parameters(quick: bool, sherpa_src: str | None) -> dict[str, dict[str, Any]]
                 "streams": [20, 100],
                 "duration": 2.0,
                 "servers": ["talkies", "bare", "websockets", "asgi"],
+                "turn": 0.5,
             },
             "sherpa_server": {
                 "width": "tiny",
@@ -122,6 +124,7 @@ def parameters(quick: bool, sherpa_src: str | None) -> dict[str, dict[str, Any]]
             "streams": [50, 100, 200, 400],
             "duration": 5.0,
             "servers": ["talkies", "bare", "websockets", "asgi"],
+            "turn": 0.5,
         },
         "sherpa_server": {
             "width": "production",
@@ -344,7 +347,14 @@ def notes_of(record: dict[str, Any]) -> list[str]:
             if cores
             else "the client on the servers' cores (shared)"
         )
-        notes.append(f"paced: {where}; a fresh server process for each N.")
+        turn = s["paced"].get("turn", 0.0)
+        how = (
+            f"for each N every server at once (fresh processes), paced in alternating turns "
+            f"of {turn:g} s (ABBA), each server's answers awaited between turns"
+            if turn
+            else "a fresh server process for each N, one after the other"
+        )
+        notes.append(f"paced: {where}; {how}.")
     if "vosk" in s and "transcripts_equal" in s["vosk"]:
         notes.append(
             "Vosk (engine_vosk.py's functions): the direct time includes creating the "

@@ -186,33 +186,49 @@ def ingest(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def paced(p: dict[str, Any]) -> dict[str, Any]:
-    """N real-time streams per server (fresh server each time): the latency distribution.
+    """N real-time streams per server: the latency distribution.
 
-    The server runs on every core but the last, the client on the last (bench/paced.py's
-    ``core_layout``), unless ``shared_cores``."""
+    For each N every server runs at once and one client (bench/peers/paced_cdf.py) paces them
+    in alternating turns of ``turn`` seconds (ABBA order; 0: one after the other), so that a
+    stall of the machine falls on every server alike. The servers run on every core but the
+    last, the client on the last (bench/paced.py's ``core_layout``), unless
+    ``shared_cores``."""
     from bench.paced import core_layout, describe, place
 
     layout = core_layout(bool(p.get("shared_cores")))
+    turn = float(p.get("turn", 0.0))
+    kinds: list[str] = p["servers"]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="talkies-report-") as tmp:
         for n in p["streams"]:
-            for kind in p["servers"]:
-                with process(peer_command(kind, "echo"), Path(tmp), f"paced-{kind}-{n}") as srv:
-                    cmd = [sys.executable, str(PEERS / "paced_cdf.py"), "--port", str(srv.port)]
-                    cmd += ["--server-pid", str(srv.pid), "--streams", str(n)]
-                    cmd += ["--duration", str(p["duration"])]
-                    cmd += place(srv.pid, layout)
-                    out = subprocess.run(
-                        cmd,
-                        check=False,
-                        capture_output=True,
-                        text=True,
-                        timeout=p["duration"] + 60,
-                        env=env(),
+            with contextlib.ExitStack() as stack:
+                running = [
+                    stack.enter_context(
+                        process(peer_command(kind, "echo"), Path(tmp), f"paced-{kind}-{n}")
                     )
-                if out.returncode != 0:
-                    raise RuntimeError(f"paced client vs {kind} failed: {out.stderr[-1500:]}")
-                row = json.loads(out.stdout.strip().splitlines()[-1])
+                    for kind in kinds
+                ]
+                cmd = [sys.executable, str(PEERS / "paced_cdf.py")]
+                cmd += ["--port", ",".join(str(srv.port) for srv in running)]
+                cmd += ["--server-pid", ",".join(str(srv.pid) for srv in running)]
+                cmd += ["--streams", str(n), "--duration", str(p["duration"])]
+                cmd += ["--turn", str(turn)]
+                client_cores: list[str] = []
+                for srv in running:
+                    client_cores = place(srv.pid, layout)  # (the same for each server)
+                cmd += client_cores
+                out = subprocess.run(
+                    cmd,
+                    check=False,
+                    capture_output=True,
+                    text=True,
+                    timeout=(p["duration"] + 60) * len(kinds),
+                    env=env(),
+                )
+            if out.returncode != 0:
+                raise RuntimeError(f"paced client at N={n} failed: {out.stderr[-1500:]}")
+            decoded = json.loads(out.stdout.strip().splitlines()[-1])
+            for kind, row in zip(kinds, decoded, strict=True):
                 row["server"] = kind
                 rows.append(row)
                 p99 = row.get("p99", float("nan")) * 1000
@@ -225,7 +241,13 @@ def paced(p: dict[str, Any]) -> dict[str, Any]:
         for kind, r in at.items():
             if kind != "talkies" and r.get("p99"):
                 ratios[f"p99 talkies/{kind} N={n}"] = at["talkies"]["p99"] / r["p99"]
-    return {"rows": rows, "period": 0.020, "ratios": ratios, "cores": describe(layout)}
+    return {
+        "rows": rows,
+        "period": 0.020,
+        "ratios": ratios,
+        "cores": describe(layout),
+        "turn": turn,
+    }
 
 
 # -- sherpa-onnx's own streaming server --------------------------------------------------------

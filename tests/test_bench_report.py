@@ -64,6 +64,20 @@ def test_markdown_lists_every_ratio_and_failure() -> None:
     assert "| vosk-ko | 6 | 8 | 9.5 |" in text
 
 
+def test_the_paced_note_says_how_the_servers_took_turns() -> None:
+    record = _record()
+    paced = record["sections"]["paced"]
+    paced["cores"] = {"server": [0], "client": [1]}
+    paced["turn"] = 0.5
+    text = report.markdown(record, "2026-01-01-quick")
+    assert "paced: every server on cores [0], the client on core 1; for each N every " in text
+    assert "alternating turns of 0.5 s (ABBA)" in text
+    paced["turn"] = 0.0
+    assert "a fresh server process for each N, one after the other" in report.markdown(
+        record, "2026-01-01-quick"
+    )
+
+
 def test_plots_are_written(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     made = report.plots(_record(), tmp_path, "stem")
@@ -71,3 +85,19 @@ def test_plots_are_written(tmp_path: Path) -> None:
     assert "stem-tts-first-audio.png" in made
     for name in made:
         assert (tmp_path / name).stat().st_size > 1000
+
+
+def test_the_paced_section_paces_every_server_in_turns() -> None:
+    """report_parts.paced for real, tiny: two servers at once, the CDF client, a row each."""
+    from bench import report_parts
+
+    params = {"streams": [3], "duration": 0.4, "servers": ["talkies", "bare"], "turn": 0.1}
+    result = report_parts.paced(params)
+    assert result["turn"] == 0.1
+    rows = {row["server"]: row for row in result["rows"]}
+    assert set(rows) == {"talkies", "bare"}
+    for row in rows.values():
+        assert row["connected"] == row["stats_received"] == 3
+        assert row["frames_answered"] == row["frames_sent"] == 3 * 20
+        assert len(row["quantiles"]) == 201 and row["server_cores"] > 0
+    assert set(result["ratios"]) == {"p99 talkies/bare N=3"}
