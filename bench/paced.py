@@ -329,7 +329,7 @@ def segments(targets: Sequence[Target], seconds: float) -> list[tuple[Target, in
     while any(left.values()):
         order = list(targets) if turn % 2 == 0 else list(reversed(targets))
         for t in order:
-            n = min(left[id(t)], int(seconds / PERIOD) * len(t.streams))
+            n = min(left[id(t)], max(1, round(seconds / PERIOD)) * len(t.streams))
             if n:
                 plan.append((t, n))
                 left[id(t)] -= n

@@ -62,6 +62,8 @@ def test_turns_alternate_abba_and_add_up_to_each_servers_frames() -> None:
     plan = segments([c, d], 0.4)
     assert sum(n for t, n in plan if t is c) == c.total == sum(n for t, n in plan if t is d)
     assert [t is c for t, _ in plan] == [True, False, False, True, True, False]
+    short = segments([a, b], 0.001)  # under one 20 ms period: a period per turn, not none
+    assert len(short) == 100 and {n for _, n in short} == {2}
 
 
 def test_two_servers_paced_in_turns_answer_every_frame() -> None:
