@@ -24,13 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.paced import Target, latencies, raise_fd_limit, run_targets, take_cores
-
-
-def quantile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    return sorted_values[min(len(sorted_values) - 1, round(q * (len(sorted_values) - 1)))]
+from bench.paced import Target, latencies, percentile, raise_fd_limit, run_targets, take_cores
 
 
 def summary(target: Target) -> dict[str, Any]:
@@ -42,13 +36,13 @@ def summary(target: Target) -> dict[str, Any]:
         "stats_received": r.stats_received,
         "frames_sent": r.frames_sent,
         "frames_answered": len(lat),
-        "p50": quantile(lat, 0.5),
-        "p90": quantile(lat, 0.9),
-        "p99": quantile(lat, 0.99),
-        "max": quantile(lat, 1.0),
-        "quantiles": [quantile(lat, i / 200) for i in range(201)],
+        "p50": percentile(lat, 0.5),
+        "p90": percentile(lat, 0.9),
+        "p99": percentile(lat, 0.99),
+        "max": percentile(lat, 1.0),
+        "quantiles": [percentile(lat, i / 200) for i in range(201)],
         "server_cores": r.server_cores,
-        "send_lag_p99": quantile(sorted(target.lags), 0.99),
+        "send_lag_p99": percentile(sorted(target.lags), 0.99),
         "errors": r.errors,
     }
 
