@@ -54,7 +54,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -423,12 +423,27 @@ def pin(pid: int, cores: Sequence[int]) -> None:
             os.sched_setaffinity(int(task.name), cores)
 
 
-def place(server_pid: int, layout: Layout | None) -> list[str]:
-    """Pin the server to its cores; the arguments that put a paced client on its own."""
-    if layout is None:
-        return []
-    pin(server_pid, layout[0])
-    return ["--cpus", ",".join(map(str, layout[1]))]
+class Listening(Protocol):
+    """A started server process (``ingest.Running``, ``report_parts.Running``)."""
+
+    port: int
+    pid: int
+
+
+def client_args(
+    servers: Sequence[Listening], n: int, duration: float, turn: float, layout: Layout | None
+) -> list[str]:
+    """Pin every server to its cores; the arguments of a paced client for them (this file's
+    ``--client`` and peers/paced_cdf.py take the same): their ports and pids in one order, N
+    streams each, the duration, the turn, and the client's own cores."""
+    args = ["--port", ",".join(str(s.port) for s in servers)]
+    args += ["--server-pid", ",".join(str(s.pid) for s in servers)]
+    args += ["--streams", str(n), "--duration", str(duration), "--turn", str(turn)]
+    if layout is not None:
+        for s in servers:
+            pin(s.pid, layout[0])
+        args += ["--cpus", ",".join(map(str, layout[1]))]
+    return args
 
 
 def describe(layout: Layout | None) -> dict[str, list[int]] | None:
@@ -460,14 +475,8 @@ def run_servers(
     with contextlib.ExitStack() as stack:
         running = [stack.enter_context(server(k, "echo", logdir, args.frame_bytes)) for k in kinds]
         cmd = [sys.executable, str(HERE / "paced.py"), "--client"]
-        cmd += ["--port", ",".join(str(r.port) for r in running)]
-        cmd += ["--server-pid", ",".join(str(r.pid) for r in running), "--streams", str(n)]
-        client_cores: list[str] = []
-        for r in running:
-            client_cores = place(r.pid, args.layout)  # (the same for each server)
-        cmd += client_cores
-        cmd += ["--duration", str(args.duration), "--frame-bytes", str(args.frame_bytes)]
-        cmd += ["--turn", str(args.turn)]
+        cmd += client_args(running, n, args.duration, args.turn, args.layout)
+        cmd += ["--frame-bytes", str(args.frame_bytes)]
         env = dict(os.environ)
         env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
         timeout = args.duration * len(kinds) + 30 * len(kinds)

@@ -193,7 +193,7 @@ def paced(p: dict[str, Any]) -> dict[str, Any]:
     stall of the machine falls on every server alike. The servers run on every core but the
     last, the client on the last (bench/paced.py's ``core_layout``), unless
     ``shared_cores``."""
-    from bench.paced import core_layout, describe, place
+    from bench.paced import client_args, core_layout, describe
 
     layout = core_layout(bool(p.get("shared_cores")))
     turn = float(p.get("turn", 0.0))
@@ -209,14 +209,7 @@ def paced(p: dict[str, Any]) -> dict[str, Any]:
                     for kind in kinds
                 ]
                 cmd = [sys.executable, str(PEERS / "paced_cdf.py")]
-                cmd += ["--port", ",".join(str(srv.port) for srv in running)]
-                cmd += ["--server-pid", ",".join(str(srv.pid) for srv in running)]
-                cmd += ["--streams", str(n), "--duration", str(p["duration"])]
-                cmd += ["--turn", str(turn)]
-                client_cores: list[str] = []
-                for srv in running:
-                    client_cores = place(srv.pid, layout)  # (the same for each server)
-                cmd += client_cores
+                cmd += client_args(running, n, p["duration"], turn, layout)
                 out = subprocess.run(
                     cmd,
                     check=False,
