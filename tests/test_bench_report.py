@@ -91,13 +91,15 @@ def test_the_paced_section_paces_every_server_in_turns() -> None:
     """report_parts.paced for real, tiny: two servers at once, the CDF client, a row each."""
     from bench import report_parts
 
-    params = {"streams": [3], "duration": 0.4, "servers": ["talkies", "bare"], "turn": 0.1}
+    # 20 streams: enough CPU in each server's turns (tens of ms) for /proc's 10 ms ticks to
+    # count some; 3 streams' few ms could read as none.
+    params = {"streams": [20], "duration": 0.4, "servers": ["talkies", "bare"], "turn": 0.2}
     result = report_parts.paced(params)
-    assert result["turn"] == 0.1
+    assert result["turn"] == 0.2
     rows = {row["server"]: row for row in result["rows"]}
     assert set(rows) == {"talkies", "bare"}
     for row in rows.values():
-        assert row["connected"] == row["stats_received"] == 3
-        assert row["frames_answered"] == row["frames_sent"] == 3 * 20
+        assert row["connected"] == row["stats_received"] == 20
+        assert row["frames_answered"] == row["frames_sent"] == 20 * 20
         assert len(row["quantiles"]) == 201 and row["server_cores"] > 0
-    assert set(result["ratios"]) == {"p99 talkies/bare N=3"}
+    assert set(result["ratios"]) == {"p99 talkies/bare N=20"}
