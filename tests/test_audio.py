@@ -10,11 +10,13 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import time
 import wave
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import numpy as np
@@ -276,16 +278,28 @@ def children(names: tuple[str, ...] = ("ffmpeg", "ffprobe")) -> list[int]:
 
 
 def test_longer_than_max_seconds_is_refused_without_decoding_it_all(
-    files: dict[str, Path], long_file: Path
+    files: dict[str, Path], long_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with pytest.raises(audio.AudioError, match="longer than the limit of 2 seconds"):
         decode(files["wav"], max_seconds=2)
     assert len(decode(files["wav"], max_seconds=2.8)) == GOFORWARD.stat().st_size
-    started = time.perf_counter()
+    spawned: list[tuple[str, Any]] = []
+    open_process = anyio.open_process
+
+    async def recording(command: Any, **kwargs: Any) -> Any:
+        process = await open_process(command, **kwargs)
+        spawned.append((Path(command[0]).name, process))
+        return process
+
+    monkeypatch.setattr(audio.anyio, "open_process", recording)
     with pytest.raises(audio.AudioError, match="longer than the limit of 30 seconds"):
         decode(long_file, max_seconds=30)
-    # Stopped at the limit: decoding the whole hour takes ffmpeg seconds on this machine.
-    assert time.perf_counter() - started < 2.0
+    # Stopped at the limit: ffmpeg was killed mid-decode (an hour takes it seconds), where
+    # reading on to the end would have let it exit 0.
+    assert [(name, process.returncode) for name, process in spawned] == [
+        ("ffprobe", 0),
+        ("ffmpeg", -signal.SIGKILL),
+    ]
     assert children() == []
     with pytest.raises(ValueError, match="max_seconds"):
         decode(files["wav"], max_seconds=0)
