@@ -142,9 +142,10 @@ def _tool(name: str) -> str:
 async def _child(args: Sequence[str], *, stdin: int = DEVNULL) -> AsyncIterator[Process]:
     """A child process that is killed and reaped however the block ends (cancellation too)."""
     # Shielded: asyncio forks the child before it connects the pipes, and a cancellation
-    # landing in between would leave the child killed but never reaped (its zombie outlives
-    # the event loop). Spawning takes milliseconds; the caller's cancellation is seen at the
-    # next checkpoint, inside the ``try`` below, which reaps it.
+    # landing in between would leave the child killed but not waited for: only asyncio's
+    # watcher thread reaps it, later, and not at all once the event loop has ended. Spawning
+    # takes milliseconds; the caller's cancellation is seen at the next checkpoint, inside the
+    # ``try`` below, which reaps it.
     with anyio.CancelScope(shield=True):
         process = await anyio.open_process(list(args), stdin=stdin, stdout=PIPE, stderr=PIPE)
     try:
