@@ -8,7 +8,6 @@ output is decoded back with the ffmpeg command line, not with the code under tes
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import signal
 import subprocess
@@ -23,6 +22,8 @@ import numpy as np
 import pytest
 
 from talkies import audio
+
+from . import procs
 
 GOFORWARD = Path("/usr/share/pocketsphinx/test/data/goforward.raw")
 
@@ -261,20 +262,7 @@ def long_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def children(names: tuple[str, ...] = ("ffmpeg", "ffprobe")) -> list[int]:
     """Our child processes called ``names``, running or not yet reaped."""
-    found = []
-    me = os.getpid()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        if ppid == me and comm in names:
-            found.append(int(entry.name))
-    return found
+    return [child.pid for child in procs.children() if child.comm in names]
 
 
 def test_longer_than_max_seconds_is_refused_without_decoding_it_all(

@@ -41,6 +41,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from . import procs
 from .modelgen_whisper import POCKETSPHINX_DATA, converted_base, normalize_words
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,19 +185,8 @@ class Nginx:
 
     def workers(self) -> dict[int, str]:
         """The master's children: pid -> process title ("nginx: worker process", ...)."""
-        found = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-                title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-            except OSError:
-                continue
-            parent = int(stat.rsplit(")", 1)[1].split()[1])
-            if parent == self.process.pid and "worker process" in title:
-                found[int(entry.name)] = title
-        return found
+        found = procs.children(self.process.pid)
+        return {child.pid: child.title for child in found if "worker process" in child.title}
 
     def reload(self) -> None:
         log = str(self.folder / "error.log")
