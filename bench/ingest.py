@@ -53,10 +53,11 @@ class Running:
     log: Path
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
+def env() -> dict[str, str]:
+    """This environment, with the checkout first on the import path."""
+    out = dict(os.environ)
+    out["PYTHONPATH"] = str(ROOT) + os.pathsep + out.get("PYTHONPATH", "")
+    return out
 
 
 @contextmanager
@@ -70,7 +71,7 @@ def server(kind: str, mode: str, logdir: Path, frame_bytes: int = 640) -> Iterat
             cmd,
             stdout=subprocess.PIPE,
             stderr=err,
-            env=_env(),
+            env=env(),
         )
         try:
             assert proc.stdout is not None
@@ -167,7 +168,7 @@ def measure_once(port: int, args: argparse.Namespace) -> float:
     cmd = [sys.executable, str(HERE / "loadgen.py"), "--port", str(port), "--json"]
     cmd += ["--frames", str(args.frames), "--connections", str(args.connections)]
     cmd += ["--repeat", "1", "--frame-bytes", str(args.frame_bytes)]
-    out = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=150, env=_env())
+    out = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=150, env=env())
     if out.returncode != 0:
         raise RuntimeError(f"load generator failed: {out.stderr[-2000:]}")
     rates: list[float] = json.loads(out.stdout.strip().splitlines()[-1])["rates"]

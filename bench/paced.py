@@ -424,7 +424,7 @@ def pin(pid: int, cores: Sequence[int]) -> None:
 
 
 class Listening(Protocol):
-    """A started server process (``ingest.Running``, ``report_parts.Running``)."""
+    """A started server process (``ingest.Running``)."""
 
     port: int
     pid: int

@@ -10,7 +10,8 @@ Sections (each in its own process, its servers in processes of their own; see
   loop, uvicorn + Starlette, the ``websockets`` server, and talkies' ASGI adapter under uvicorn
   (wsproto, and websockets' implementation);
 - paced: N real-time streams per server, the whole frame -> partial latency distribution
-  (all the servers of an N at once, paced in alternating half-second turns);
+  (all the servers of an N at once, paced in alternating half-second turns; five runs of
+  each N, each ratio the median of the runs' ratios);
 - sherpa_server: talkies serving a sherpa-onnx transducer vs sherpa-onnx's own
   ``python-api-examples/streaming_server.py`` on the same model (run from the sources when
   they are at hand, else the reproduction in ``peers/sherpa_streaming.py``; the JSON says
@@ -125,6 +126,7 @@ def parameters(quick: bool, sherpa_src: str | None) -> dict[str, dict[str, Any]]
             "duration": 5.0,
             "servers": ["talkies", "bare", "websockets", "asgi"],
             "turn": 0.5,
+            "repeat": 5,
         },
         "sherpa_server": {
             "width": "production",
@@ -258,7 +260,8 @@ def _fmt(x: Any) -> str:
 
 READINGS = {
     "ingest": "talkies frames/s over the peer's (>1: talkies ingests faster)",
-    "paced": "talkies p99 latency over the peer's at N streams (<1: talkies answers sooner)",
+    "paced": "talkies p99 latency over the peer's at N streams (<1: talkies answers sooner); "
+    "with several runs of each N, the median of the runs' ratios, their range in brackets",
     "sherpa_server": "sherpa-onnx's server over talkies (>1: talkies is faster / cheaper)",
     "vosk": "RTF through talkies over Vosk called directly (1 = no overhead)",
     "batching": "real-time streams per core, batched over per stream (>1: batching helps)",
@@ -292,8 +295,13 @@ def markdown(record: dict[str, Any], stem: str) -> str:
             other = f"{other} (disturbed)"
         if "error" in sec:
             lines.append(f"| {name} | failed: {sec['error'][:150]} | | {other} |")
+        spread = sec.get("spread") or {}
         for label, value in (sec.get("ratios") or {}).items():
-            lines.append(f"| {name} | {label} | {_fmt(value)} | {other} |")
+            shown = _fmt(value)
+            if label in spread and spread[label][2] > 1:
+                low, high, runs = spread[label]
+                shown += f" (runs: {_fmt(low)}-{_fmt(high)}, {runs:.0f})"
+            lines.append(f"| {name} | {label} | {shown} | {other} |")
     engines = ((record["sections"].get("load") or {}).get("result") or {}).get("engines") or {}
     if engines:
         lines += [
@@ -354,6 +362,12 @@ def notes_of(record: dict[str, Any]) -> list[str]:
             if turn
             else "a fresh server process for each N, one after the other"
         )
+        runs = int(s["paced"].get("repeat", 1))
+        if runs > 1:
+            how += (
+                f"; {runs} runs of each N (the Ns interleaved), each ratio the median of the "
+                "runs' ratios; the plots show, for each server and N, its run with the median p99"
+            )
         notes.append(f"paced: {where}; {how}.")
     if "vosk" in s and "transcripts_equal" in s["vosk"]:
         notes.append(
@@ -374,6 +388,19 @@ def notes_of(record: dict[str, Any]) -> list[str]:
     return notes
 
 
+def median_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One paced row per server and N: of several runs, the one with the median p99 (the
+    lower of the middle two for an even count)."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["server"], r["streams"]), []).append(r)
+    out = []
+    for group in groups.values():
+        ranked = sorted(group, key=lambda r: r.get("p99") or math.inf)
+        out.append(ranked[(len(ranked) - 1) // 2])
+    return out
+
+
 def plots(record: dict[str, Any], out_dir: Path, stem: str) -> list[str]:
     import matplotlib
 
@@ -391,7 +418,7 @@ def plots(record: dict[str, Any], out_dir: Path, stem: str) -> list[str]:
         made.append(path.name)
 
     paced = s.get("paced", {})
-    rows = paced.get("rows", [])
+    rows = median_runs(paced.get("rows", []))
     period = paced.get("period", 0.020)
     if rows:
         counts = sorted({r["streams"] for r in rows})
@@ -510,7 +537,7 @@ def main() -> int:
         return section_main(args.section, json.loads(args.params), args.section_out)
 
     if args.render:
-        record = json.loads(args.render.read_text())
+        record: dict[str, Any] = json.loads(args.render.read_text())
         stem = args.render.stem
         record["plots"] = plots(record, args.render.parent, stem)
         args.render.write_text(json.dumps(record, indent=1, default=str) + "\n")
@@ -535,7 +562,7 @@ def main() -> int:
     date = args.date or dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     stem = date + ("-quick" if args.quick else "")
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    record: dict[str, Any] = {
+    record = {
         "date": date,
         "quick": args.quick,
         "command": " ".join(["bench/report.py", *sys.argv[1:]]),

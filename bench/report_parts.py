@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,7 +24,6 @@ import time
 import wave
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PEERS = HERE / "peers"
 sys.path.insert(0, str(ROOT))
+
+from bench.ingest import Running, cpu_seconds, env  # noqa: E402
 
 SHERPA_ONNX_MIRROR = Path("/work/.mirror/k2-fsa+sherpa-onnx/repo")
 UPSTREAM_FILES = (
@@ -44,28 +46,10 @@ LIBRIVOX = Path("/usr/share/pocketsphinx/test/data/librivox")
 # -- processes -----------------------------------------------------------------------------------
 
 
-def env() -> dict[str, str]:
-    out = dict(os.environ)
-    out["PYTHONPATH"] = str(ROOT) + os.pathsep + out.get("PYTHONPATH", "")
-    return out
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-@dataclass
-class Running:
-    port: int
-    pid: int
-    log: Path
 
 
 def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float) -> None:
@@ -192,55 +176,85 @@ def paced(p: dict[str, Any]) -> dict[str, Any]:
     in alternating turns of ``turn`` seconds (ABBA order; 0: one after the other), so that a
     stall of the machine falls on every server alike. The servers run on every core but the
     last, the client on the last (bench/paced.py's ``core_layout``), unless
-    ``shared_cores``."""
+    ``shared_cores``.
+
+    ``repeat`` runs of every N, with fresh processes each time, the Ns interleaved (run 1 of
+    every N, then run 2, ...) so that a noisy minute of the machine does not fall on one N.
+    A p99 over a few seconds rests on a few hundred frames, and on a VM those are the frames a
+    few stalls of the host delay, so one run's p99 ratio moves by 2x from run to run; each
+    ratio is the median of the runs' ratios (each taken within one run), ``spread`` its range.
+    """
     from bench.paced import client_args, core_layout, describe
 
     layout = core_layout(bool(p.get("shared_cores")))
     turn = float(p.get("turn", 0.0))
+    repeat = int(p.get("repeat", 1))
     kinds: list[str] = p["servers"]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="talkies-report-") as tmp:
-        for n in p["streams"]:
-            with contextlib.ExitStack() as stack:
-                running = [
-                    stack.enter_context(
-                        process(peer_command(kind, "echo"), Path(tmp), f"paced-{kind}-{n}")
+        for run in range(repeat):
+            for n in p["streams"]:
+                with contextlib.ExitStack() as stack:
+                    running = [
+                        stack.enter_context(
+                            process(
+                                peer_command(kind, "echo"), Path(tmp), f"paced-{kind}-{n}-{run}"
+                            )
+                        )
+                        for kind in kinds
+                    ]
+                    cmd = [sys.executable, str(PEERS / "paced_cdf.py")]
+                    cmd += client_args(running, n, p["duration"], turn, layout)
+                    out = subprocess.run(
+                        cmd,
+                        check=False,
+                        capture_output=True,
+                        text=True,
+                        timeout=(p["duration"] + 60) * len(kinds),
+                        env=env(),
                     )
-                    for kind in kinds
-                ]
-                cmd = [sys.executable, str(PEERS / "paced_cdf.py")]
-                cmd += client_args(running, n, p["duration"], turn, layout)
-                out = subprocess.run(
-                    cmd,
-                    check=False,
-                    capture_output=True,
-                    text=True,
-                    timeout=(p["duration"] + 60) * len(kinds),
-                    env=env(),
-                )
-            if out.returncode != 0:
-                raise RuntimeError(f"paced client at N={n} failed: {out.stderr[-1500:]}")
-            decoded = json.loads(out.stdout.strip().splitlines()[-1])
-            for kind, row in zip(kinds, decoded, strict=True):
-                row["server"] = kind
-                rows.append(row)
-                p99 = row.get("p99", float("nan")) * 1000
-                print(f"  paced {kind:10s} N={n:4d} p99 {p99:8.1f} ms", file=sys.stderr)
-    ratios: dict[str, float] = {}
-    for n in p["streams"]:
-        at = {r["server"]: r for r in rows if r["streams"] == n}
-        if "talkies" not in at:
-            continue
-        for kind, r in at.items():
-            if kind != "talkies" and r.get("p99"):
-                ratios[f"p99 talkies/{kind} N={n}"] = at["talkies"]["p99"] / r["p99"]
+                if out.returncode != 0:
+                    raise RuntimeError(f"paced client at N={n} failed: {out.stderr[-1500:]}")
+                decoded = json.loads(out.stdout.strip().splitlines()[-1])
+                for kind, row in zip(kinds, decoded, strict=True):
+                    row["server"] = kind
+                    row["run"] = run
+                    rows.append(row)
+                    p99 = row.get("p99", float("nan")) * 1000
+                    print(
+                        f"  paced {kind:10s} N={n:4d} run {run + 1}/{repeat} p99 {p99:8.1f} ms",
+                        file=sys.stderr,
+                    )
+    ratios, spread = paced_ratios(rows)
     return {
         "rows": rows,
         "period": 0.020,
         "ratios": ratios,
+        "spread": spread,
+        "repeat": repeat,
         "cores": describe(layout),
         "turn": turn,
     }
+
+
+def paced_ratios(
+    rows: list[dict[str, Any]],
+) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """p99 talkies/peer at each N: the median over the runs of each run's ratio, and
+    [lowest, highest, number of runs] of those ratios."""
+    per: dict[str, list[float]] = {}
+    for n in dict.fromkeys(r["streams"] for r in rows):
+        for run in dict.fromkeys(r.get("run", 0) for r in rows):
+            at = {r["server"]: r for r in rows if r["streams"] == n and r.get("run", 0) == run}
+            if not at.get("talkies", {}).get("p99"):
+                continue
+            for kind, r in at.items():
+                if kind != "talkies" and r.get("p99"):
+                    label = f"p99 talkies/{kind} N={n}"
+                    per.setdefault(label, []).append(at["talkies"]["p99"] / r["p99"])
+    ratios = {label: statistics.median(values) for label, values in per.items()}
+    spread = {label: [min(v), max(v), float(len(v))] for label, v in per.items()}
+    return ratios, spread
 
 
 # -- sherpa-onnx's own streaming server --------------------------------------------------------

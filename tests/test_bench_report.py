@@ -64,6 +64,46 @@ def test_markdown_lists_every_ratio_and_failure() -> None:
     assert "| vosk-ko | 6 | 8 | 9.5 |" in text
 
 
+def test_paced_ratios_are_the_median_of_the_runs_ratios_each_within_its_run() -> None:
+    from bench import report_parts
+
+    # talkies' p99 over the bare loop's: 2.0 in run 0, 4.0 in run 1, 1.5 in run 2 at N=100;
+    # run 2 has no talkies row at N=50, so N=50 has two runs.
+    p99s = {
+        (0, 100): (0.004, 0.002),
+        (1, 100): (0.008, 0.002),
+        (2, 100): (0.003, 0.002),
+        (0, 50): (0.002, 0.001),
+        (1, 50): (0.003, 0.001),
+    }
+    rows = [
+        {"server": kind, "streams": n, "run": run, "p99": p99}
+        for (run, n), pair in p99s.items()
+        for kind, p99 in zip(("talkies", "bare"), pair, strict=True)
+    ]
+    rows.append({"server": "bare", "streams": 50, "run": 2, "p99": 0.0001})
+    ratios, spread = report_parts.paced_ratios(rows)
+    assert ratios == pytest.approx({"p99 talkies/bare N=100": 2.0, "p99 talkies/bare N=50": 2.5})
+    assert spread["p99 talkies/bare N=100"] == pytest.approx([1.5, 4.0, 3])
+    assert spread["p99 talkies/bare N=50"] == pytest.approx([2.0, 3.0, 2])
+
+    record = _record()
+    record["sections"]["paced"] |= {"ratios": ratios, "spread": spread, "repeat": 3}
+    text = report.markdown(record, "x")
+    assert "| paced | p99 talkies/bare N=100 | 2.00x (runs: 1.50x-4.00x, 3) |" in text
+    assert "3 runs of each N (the Ns interleaved), each ratio the median" in text
+
+    # The plots draw one run per server and N: the one with the median p99 (of two, the
+    # lower; of equal p99s, the earlier run).
+    shown = report.median_runs(rows)
+    assert sorted((r["server"], r["streams"], r["run"]) for r in shown) == [
+        ("bare", 50, 0),  # 0.0001 (run 2), 0.001 (run 0), 0.001 (run 1)
+        ("bare", 100, 1),  # 0.002 in all three
+        ("talkies", 50, 0),  # 0.002 (run 0), 0.003 (run 1)
+        ("talkies", 100, 0),  # 0.003 (run 2), 0.004 (run 0), 0.008 (run 1)
+    ]
+
+
 def test_the_paced_note_says_how_the_servers_took_turns() -> None:
     record = _record()
     paced = record["sections"]["paced"]
@@ -93,13 +133,20 @@ def test_the_paced_section_paces_every_server_in_turns() -> None:
 
     # 20 streams: enough CPU in each server's turns (tens of ms) for /proc's 10 ms ticks to
     # count some; 3 streams' few ms could read as none.
-    params = {"streams": [20], "duration": 0.4, "servers": ["talkies", "bare"], "turn": 0.2}
+    params = {
+        "streams": [20],
+        "duration": 0.4,
+        "servers": ["talkies", "bare"],
+        "turn": 0.2,
+        "repeat": 2,
+    }
     result = report_parts.paced(params)
-    assert result["turn"] == 0.2
-    rows = {row["server"]: row for row in result["rows"]}
-    assert set(rows) == {"talkies", "bare"}
-    for row in rows.values():
+    assert result["turn"] == 0.2 and result["repeat"] == 2
+    runs = sorted((row["run"], row["server"]) for row in result["rows"])
+    assert runs == [(0, "bare"), (0, "talkies"), (1, "bare"), (1, "talkies")]
+    for row in result["rows"]:
         assert row["connected"] == row["stats_received"] == 20
         assert row["frames_answered"] == row["frames_sent"] == 20 * 20
         assert len(row["quantiles"]) == 201 and row["server_cores"] > 0
     assert set(result["ratios"]) == {"p99 talkies/bare N=20"}
+    assert result["spread"]["p99 talkies/bare N=20"][2] == 2
