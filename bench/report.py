@@ -120,7 +120,7 @@ def parameters(quick: bool, sherpa_src: str | None) -> dict[str, dict[str, Any]]
             },
         }
     return {
-        "ingest": {"frames": 100_000, "connections": 4, "repeat": 3, "servers": peers},
+        "ingest": {"frames": 100_000, "connections": 4, "repeat": 5, "servers": peers},
         "paced": {
             "streams": [50, 100, 200, 400],
             "duration": 5.0,
@@ -260,8 +260,10 @@ def _fmt(x: Any) -> str:
 
 READINGS = {
     "ingest": "talkies frames/s over the peer's (>1: talkies ingests faster)",
-    "paced": "talkies p99 latency over the peer's at N streams (<1: talkies answers sooner); "
-    "with several runs of each N, the median of the runs' ratios, their range in brackets",
+    "paced": "talkies p99 latency over the peer's at N streams (<1: talkies answers sooner), "
+    "and talkies' server CPU per paced frame over the peer's (where both servers are at a "
+    "whole core, it reads ~1 and says nothing); with several runs of each N, the median of the "
+    "runs' ratios, their range in brackets",
     "sherpa_server": "sherpa-onnx's server over talkies (>1: talkies is faster / cheaper)",
     "vosk": "RTF through talkies over Vosk called directly (1 = no overhead)",
     "batching": "real-time streams per core, batched over per stream (>1: batching helps)",
@@ -527,7 +529,10 @@ def main() -> int:
         "default: the fetched mirror when present; none: the reproduction in bench/peers",
     )
     parser.add_argument(
-        "--render", type=Path, help="only rewrite the table and plots of this JSON record"
+        "--render",
+        type=Path,
+        help="only rewrite the table and plots of this JSON record (its paced ratios "
+        "reckoned again from its rows)",
     )
     parser.add_argument("--section", help=argparse.SUPPRESS)
     parser.add_argument("--params", help=argparse.SUPPRESS)
@@ -539,6 +544,11 @@ def main() -> int:
     if args.render:
         record: dict[str, Any] = json.loads(args.render.read_text())
         stem = args.render.stem
+        paced = record["sections"].get("paced") or {}
+        if paced.get("rows"):  # the ratios as this version reckons them, from the same rows
+            from bench.report_parts import paced_ratios
+
+            paced["ratios"], paced["spread"] = paced_ratios(paced["rows"])
         record["plots"] = plots(record, args.render.parent, stem)
         args.render.write_text(json.dumps(record, indent=1, default=str) + "\n")
         (args.render.parent / f"{stem}.md").write_text(markdown(record, stem))

@@ -240,18 +240,26 @@ def paced(p: dict[str, Any]) -> dict[str, Any]:
 def paced_ratios(
     rows: list[dict[str, Any]],
 ) -> tuple[dict[str, float], dict[str, list[float]]]:
-    """p99 talkies/peer at each N: the median over the runs of each run's ratio, and
-    [lowest, highest, number of runs] of those ratios."""
+    """p99 talkies/peer at each N, and the server CPU per paced frame talkies/peer: the median
+    over the runs of each run's ratio, and [lowest, highest, number of runs] of those ratios."""
+
+    def per_frame(row: dict[str, Any]) -> float:
+        return float(row.get("server_cores") or 0) / max(int(row.get("frames_sent") or 0), 1)
+
     per: dict[str, list[float]] = {}
     for n in dict.fromkeys(r["streams"] for r in rows):
         for run in dict.fromkeys(r.get("run", 0) for r in rows):
             at = {r["server"]: r for r in rows if r["streams"] == n and r.get("run", 0) == run}
-            if not at.get("talkies", {}).get("p99"):
-                continue
+            talkies = at.get("talkies", {})
             for kind, r in at.items():
-                if kind != "talkies" and r.get("p99"):
+                if kind == "talkies":
+                    continue
+                if talkies.get("p99") and r.get("p99"):
                     label = f"p99 talkies/{kind} N={n}"
-                    per.setdefault(label, []).append(at["talkies"]["p99"] / r["p99"])
+                    per.setdefault(label, []).append(talkies["p99"] / r["p99"])
+                if talkies and per_frame(talkies) and per_frame(r):
+                    label = f"CPU per frame talkies/{kind} N={n}"
+                    per.setdefault(label, []).append(per_frame(talkies) / per_frame(r))
     ratios = {label: statistics.median(values) for label, values in per.items()}
     spread = {label: [min(v), max(v), float(len(v))] for label, v in per.items()}
     return ratios, spread

@@ -87,6 +87,14 @@ def test_paced_ratios_are_the_median_of_the_runs_ratios_each_within_its_run() ->
     assert spread["p99 talkies/bare N=100"] == pytest.approx([1.5, 4.0, 3])
     assert spread["p99 talkies/bare N=50"] == pytest.approx([2.0, 3.0, 2])
 
+    # CPU per paced frame, where the rows have it: 0.6 cores for 5,000 frames against 0.5.
+    for row in rows:
+        if row["streams"] == 100:
+            row |= {"server_cores": 0.6 if row["server"] == "talkies" else 0.5, "frames_sent": 5000}
+    cpu = report_parts.paced_ratios(rows)[0]
+    assert cpu["CPU per frame talkies/bare N=100"] == pytest.approx(1.2)
+    assert "CPU per frame talkies/bare N=50" not in cpu
+
     record = _record()
     record["sections"]["paced"] |= {"ratios": ratios, "spread": spread, "repeat": 3}
     text = report.markdown(record, "x")
@@ -148,5 +156,5 @@ def test_the_paced_section_paces_every_server_in_turns() -> None:
         assert row["connected"] == row["stats_received"] == 20
         assert row["frames_answered"] == row["frames_sent"] == 20 * 20
         assert len(row["quantiles"]) == 201 and row["server_cores"] > 0
-    assert set(result["ratios"]) == {"p99 talkies/bare N=20"}
+    assert set(result["ratios"]) == {"p99 talkies/bare N=20", "CPU per frame talkies/bare N=20"}
     assert result["spread"]["p99 talkies/bare N=20"][2] == 2
