@@ -33,6 +33,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import tempfile
 import wave
 from collections.abc import AsyncIterator, Sequence
@@ -151,12 +152,25 @@ async def _child(args: Sequence[str], *, stdin: int = DEVNULL) -> AsyncIterator[
     try:
         yield process
     finally:
-        if process.returncode is None:
-            with suppress(ProcessLookupError):
-                process.kill()
+        _kill(process)
         # Shielded: the child must be reaped even when our caller was cancelled.
         with anyio.CancelScope(shield=True):
             await process.aclose()
+
+
+def _kill(process: Process) -> None:
+    """SIGKILL ``process`` unless asyncio has seen it end; killing it again is harmless.
+
+    Not ``process.kill()``: ``Popen.send_signal`` polls the child first, and once the child is
+    dead that ``waitpid`` can reap it before asyncio's child watcher does. The watcher then
+    logs "Unknown child process pid ..." and reports 255 as the exit status. Until the watcher
+    has reaped it, the pid is still this child's (a zombie ignores the signal). asyncio notes
+    the reaping on the event loop's next pass, milliseconds at most: far too soon for Linux,
+    which hands out pids in turn up to ``pid_max``, to give the pid to a new process.
+    """
+    if process.returncode is None:
+        with suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGKILL)
 
 
 async def _read_tail(stream: ByteReceiveStream | None, keep: bytearray) -> None:
@@ -288,7 +302,7 @@ async def decode(path: str | os.PathLike[str], *, max_seconds: float) -> bytes:
                     pcm += await process.stdout.receive(_READ_SIZE)
                     if len(pcm) > limit:
                         too_long = True
-                        process.kill()  # stop decoding now; _child reaps it
+                        _kill(process)  # stop decoding now; _child reaps it
                         break
         status = None if too_long else await process.wait()
     if too_long:

@@ -7,7 +7,9 @@ output is decoded back with the ffmpeg command line, not with the code under tes
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import shutil
 import signal
 import subprocess
@@ -265,21 +267,28 @@ def children(names: tuple[str, ...] = ("ffmpeg", "ffprobe")) -> list[int]:
     return [child.pid for child in procs.children() if child.comm in names]
 
 
-def test_longer_than_max_seconds_is_refused_without_decoding_it_all(
-    files: dict[str, Path], long_file: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    with pytest.raises(audio.AudioError, match="longer than the limit of 2 seconds"):
-        decode(files["wav"], max_seconds=2)
-    assert len(decode(files["wav"], max_seconds=2.8)) == GOFORWARD.stat().st_size
-    spawned: list[tuple[str, Any]] = []
+@pytest.fixture
+def spawned(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
+    """Every child ``audio`` starts from now on: (program name, anyio process)."""
+    found: list[tuple[str, Any]] = []
     open_process = anyio.open_process
 
     async def recording(command: Any, **kwargs: Any) -> Any:
         process = await open_process(command, **kwargs)
-        spawned.append((Path(command[0]).name, process))
+        found.append((Path(command[0]).name, process))
         return process
 
     monkeypatch.setattr(audio.anyio, "open_process", recording)
+    return found
+
+
+def test_longer_than_max_seconds_is_refused_without_decoding_it_all(
+    files: dict[str, Path], long_file: Path, spawned: list[tuple[str, Any]]
+) -> None:
+    with pytest.raises(audio.AudioError, match="longer than the limit of 2 seconds"):
+        decode(files["wav"], max_seconds=2)
+    assert len(decode(files["wav"], max_seconds=2.8)) == GOFORWARD.stat().st_size
+    spawned.clear()
     with pytest.raises(audio.AudioError, match="longer than the limit of 30 seconds"):
         decode(long_file, max_seconds=30)
     # Stopped at the limit: ffmpeg was killed mid-decode (an hour takes it seconds), where
@@ -291,6 +300,38 @@ def test_longer_than_max_seconds_is_refused_without_decoding_it_all(
     assert children() == []
     with pytest.raises(ValueError, match="max_seconds"):
         decode(files["wav"], max_seconds=0)
+
+
+def test_a_refused_decode_leaves_reaping_ffmpeg_to_asyncio(
+    long_file: Path,
+    spawned: list[tuple[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``Popen.kill()`` polls the child before it signals it. Once ffmpeg is dead, that poll
+    can reap it before asyncio's child watcher does; the watcher then logs "Unknown child
+    process pid" and reports 255 as the exit status. That happened in about 1 refused decode
+    in 30 when ffmpeg was killed twice (once at the limit, once leaving ``_child``). Here the
+    watcher's wait (asyncio's watchers call ``os.waitpid`` at run time; ``Popen`` bound its
+    own at import) reaps a child only 50 ms after it has died, so any such poll wins."""
+    waitpid = os.waitpid
+
+    def late(pid: int, options: int) -> tuple[int, int]:
+        if options == 0:  # the watcher's blocking wait, not a poll
+            with contextlib.suppress(ChildProcessError):
+                os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # dead, not yet reaped
+                time.sleep(0.05)
+        return waitpid(pid, options)
+
+    monkeypatch.setattr(os, "waitpid", late)
+    with caplog.at_level(logging.WARNING, logger="asyncio"):
+        for _ in range(3):
+            with pytest.raises(audio.AudioError, match="longer than the limit"):
+                decode(long_file, max_seconds=5)
+    codes = [process.returncode for name, process in spawned if name == "ffmpeg"]
+    assert codes == [-signal.SIGKILL] * 3
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+    assert children() == []
 
 
 def _cancel_when(found: Callable[[], bool], path: Path) -> bool:
