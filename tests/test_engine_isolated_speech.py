@@ -226,11 +226,16 @@ def test_a_crash_before_the_first_chunk_is_a_500_and_the_server_goes_on(
     body = {"model": "qwen3-tiny-long", "input": "Hi.", "voice": "vivian", "response_format": "wav"}
     with run_server(provider=pool) as server:
         url = server.http + "/v1/audio/speech"
-        assert httpx.get(server.http + "/v1/audio/voices?model=qwen3-tiny-long").is_success
+        # Loads the model in its engine process (torch's import included): seconds, more than
+        # httpx's default 5 s timeout on a busy 2-core machine.
+        voices = server.http + "/v1/audio/voices?model=qwen3-tiny-long"
+        assert httpx.get(voices, timeout=60).is_success
         (pid,) = _children()
         result: dict[str, httpx.Response] = {}
         # A WAV is answered whole: the crash lands before any byte of the response.
-        thread = threading.Thread(target=lambda: result.update(r=httpx.post(url, json=body)))
+        thread = threading.Thread(
+            target=lambda: result.update(r=httpx.post(url, json=body, timeout=60))
+        )
         thread.start()
         deadline = time.monotonic() + 30
         while server.portal.call(lambda: pool.in_use("qwen3-tiny-long")) == 0:
