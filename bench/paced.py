@@ -54,11 +54,18 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.ingest import CpuWindow, cpu_seconds, log_problems, server, wait_for_quiet
+from bench.ingest import (
+    CpuWindow,
+    Running,
+    cpu_seconds,
+    log_problems,
+    server,
+    wait_for_quiet,
+)
 from bench.loadgen import (
     END,
     MASK_KEY,
@@ -423,15 +430,8 @@ def pin(pid: int, cores: Sequence[int]) -> None:
             os.sched_setaffinity(int(task.name), cores)
 
 
-class Listening(Protocol):
-    """A started server process (``ingest.Running``)."""
-
-    port: int
-    pid: int
-
-
 def client_args(
-    servers: Sequence[Listening], n: int, duration: float, turn: float, layout: Layout | None
+    servers: Sequence[Running], n: int, duration: float, turn: float, layout: Layout | None
 ) -> list[str]:
     """Pin every server to its cores; the arguments of a paced client for them (this file's
     ``--client`` and peers/paced_cdf.py take the same): their ports and pids in one order, N
