@@ -11,7 +11,12 @@ from pathlib import Path
 class Child:
     pid: int
     comm: str  # the kernel's short name (``/proc/PID/comm``), e.g. "ffmpeg"
-    title: str  # the command line as it reads now (nginx rewrites it), arguments space-separated
+    args: tuple[str, ...]  # the command line as it reads now (nginx rewrites its own)
+
+    @property
+    def title(self) -> str:
+        """The command line as one string, as ``ps`` shows it."""
+        return " ".join(self.args)
 
 
 def children(parent: int | None = None) -> list[Child]:
@@ -24,11 +29,14 @@ def children(parent: int | None = None) -> list[Child]:
             continue
         try:
             stat = (entry / "stat").read_text()
-            title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
         # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
         comm = stat[stat.index("(") + 1 : stat.rindex(")")]
         if int(stat[stat.rindex(")") + 2 :].split()[1]) == parent:
-            found.append(Child(int(entry.name), comm, title.strip()))
+            # NUL-separated, and NUL-padded where a process rewrote it (nginx); empty for a
+            # zombie.
+            args = tuple(arg for arg in cmdline.split("\0") if arg)
+            found.append(Child(int(entry.name), comm, args))
     return found

@@ -55,6 +55,8 @@ from bench.loadgen import (
     upgrade_request,
 )
 
+from .. import procs
+
 ROOT = Path(__file__).resolve().parents[2]
 PERIOD = 0.020  # seconds of audio per frame
 FRAME_BYTES = 640  # 20 ms of 16 kHz PCM16
@@ -178,19 +180,11 @@ def free_port() -> int:
 def engine_pids(pid: int, model: str | None = None) -> list[int]:
     """The engine processes (``python -m talkies.engines.isolated <model>``) the server
     ``pid`` runs: all of them, or those of ``model``."""
-    found: list[int] = []
-    with suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with suppress(OSError):
-                for child in (task / "children").read_text().split():
-                    with suppress(OSError):
-                        cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-                        args = cmdline.split(b"\0")
-                        if b"talkies.engines.isolated" not in args:
-                            continue
-                        if model is None or model.encode() in args:
-                            found.append(int(child))
-    return found
+    return [
+        child.pid
+        for child in procs.children(pid)
+        if "talkies.engines.isolated" in child.args and (model is None or model in child.args)
+    ]
 
 
 def wait_ended(pid: int, timeout: float = 10.0) -> None:
