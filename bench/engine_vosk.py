@@ -101,7 +101,7 @@ def transcript(texts: list[str]) -> str:
 
 def load_engine() -> Any:
     from talkies.engines import vosk as engine
-    from talkies.engines.registry import ModelEntry
+    from talkies.engines.supply.registry import ModelEntry
 
     root = model_root()
     return engine.load(ModelEntry(slug=SLUG, executor="vosk", path=root), root, "cpu")

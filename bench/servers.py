@@ -12,7 +12,7 @@ echo`` each binary message is also answered with ``{"type":"partial","text":"<k>
 being the little-endian uint32 in the message's first four bytes (what ``paced.py`` sends).
 
 talkies runs the real :class:`~talkies.transport.server.Server` behind the real
-:class:`~talkies.engines.runner.ThreadedStream`, with a null recognition (``count``) or one
+:class:`~talkies.engines.runtime.rounds.ThreadedStream`, with a null recognition (``count``) or one
 that returns a partial per ``accept`` carrying the last frame's counter (``echo``).
 ``talkies-inline`` is a diagnostic variant: the same recognitions called on the event loop by
 a minimal engine stream (no worker-thread hop, no queue bound), to price ThreadedStream's hop.

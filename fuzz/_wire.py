@@ -51,7 +51,7 @@ from wsproto.events import CloseConnection, Ping, Pong, TextMessage
 from wsproto.frame_protocol import CloseReason
 
 from talkies.engines.base import EngineEvent, Refusal
-from talkies.engines.slots import Slots
+from talkies.engines.runtime.slots import Slots
 from talkies.protocol import (
     Action,
     EngineEndpoint,

@@ -19,7 +19,7 @@ import anyio
 
 from . import __version__, heap
 from .config import ConfigError, Settings
-from .engines.registry import RegistryError
+from .engines.supply.registry import RegistryError
 from .logs import configure
 
 __all__ = ["main"]
@@ -159,11 +159,11 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _models(args: argparse.Namespace, settings: Settings) -> int:
-    from .engines.download import DownloadError, ensure_snapshot
     from .engines.pool import ModelPool, build_registry, local_registry_path
+    from .engines.supply.download import DownloadError, ensure_snapshot
 
     if args.models_command == "import-ct2":
-        from .engines.importer import ImportProblem, import_ct2
+        from .engines.supply.importer import ImportProblem, import_ct2
 
         try:
             entry = import_ct2(
@@ -223,7 +223,7 @@ def _models(args: argparse.Namespace, settings: Settings) -> int:
 
 def _client(args: argparse.Namespace, settings: Settings) -> int:
     from . import client
-    from .engines.builtin import DEFAULT_MODEL
+    from .engines.supply.builtin import DEFAULT_MODEL
 
     token = settings.auth_token
     try:

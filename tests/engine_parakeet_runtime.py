@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 
 from talkies.engines import parakeet as engine
 from talkies.engines.base import EngineUnavailable, Refusal, TranscriptionRequest
-from talkies.engines.registry import ModelEntry
-from talkies.engines.validate import validate_in_child
+from talkies.engines.supply.registry import ModelEntry
+from talkies.engines.supply.validate import validate_in_child
 from talkies.protocol import EngineEndpoint, EngineFinal, EnginePartial, ErrorCode, Word
 from talkies.protocol.messages import StartOptions
 

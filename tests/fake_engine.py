@@ -27,7 +27,7 @@ from talkies.engines.base import (
     TranscriptionRequest,
     transcribe_recognition,
 )
-from talkies.engines.runner import ThreadedStream
+from talkies.engines.runtime.rounds import ThreadedStream
 from talkies.protocol import EngineEndpoint, EngineFinal, EnginePartial, ErrorCode, Word
 from talkies.protocol.messages import StartOptions
 

@@ -28,9 +28,9 @@ from types import MappingProxyType
 
 from talkies.config import Settings
 from talkies.engines.base import LoadedModel
-from talkies.engines.isolated import load_engine
+from talkies.engines.isolation.proxy import load_engine
 from talkies.engines.pool import Loader, ModelPool, build_registry
-from talkies.engines.registry import ModelEntry
+from talkies.engines.supply.registry import ModelEntry
 
 from .fake_engine import EnergyFileModel
 

@@ -1,6 +1,6 @@
 """Tiny random Whisper models, numpy only: a whisper.cpp ggml file and a CTranslate2 folder.
 
-The ggml writer here is independent of ``talkies.engines.ct2ggml`` on purpose: the converter
+The ggml writer here is independent of ``talkies.engines.whisper.ct2ggml`` on purpose: the converter
 is tested by converting a CTranslate2 folder written below and comparing what comes out with
 the weights that went in. At width 32 with one layer a side the ggml file is about 4 MB, most
 of it the token embedding: whisper.cpp hard-codes its special token ids (end-of-text 50256 or
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from talkies.engines.ct2ggml import mel_filters
+from talkies.engines.whisper.ct2ggml import mel_filters
 
 __all__ = [
     "TINY",
@@ -364,8 +364,8 @@ def converted_base(root: Path) -> Path | None:
     """
     from importlib import metadata
 
-    from talkies.engines.builtin import BUILTIN_MODELS, DEFAULT_MODEL
-    from talkies.engines.download import ensure_snapshot
+    from talkies.engines.supply.builtin import BUILTIN_MODELS, DEFAULT_MODEL
+    from talkies.engines.supply.download import ensure_snapshot
 
     entry = BUILTIN_MODELS[DEFAULT_MODEL]
     assert entry.wheels is not None

@@ -207,8 +207,8 @@ def _split_layout(folder: Path) -> Path:
     copied out of the installed wheels the way a user would find them."""
     import shutil
 
-    from talkies.engines.builtin import WHISPER_BASE_WHEELS
-    from talkies.engines.wheels import locate
+    from talkies.engines.supply.builtin import WHISPER_BASE_WHEELS
+    from talkies.engines.supply.wheels import locate
 
     folder.mkdir()
     for wheel_file in WHISPER_BASE_WHEELS:
@@ -291,7 +291,7 @@ def test_sighup_rereads_the_models_file(tmp_path: Path) -> None:
 
 
 def test_models_list_shows_every_builtin_with_its_pin(tmp_path: Path) -> None:
-    from talkies.engines.builtin import builtin_models
+    from talkies.engines.supply.builtin import builtin_models
 
     builtins = builtin_models(tmp_path)
     listing = _talkies("models", "list", TALKIES_DATA_DIR=str(tmp_path))

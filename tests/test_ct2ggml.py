@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from talkies.engines import ct2ggml
-from talkies.engines.ct2ggml import Ct2FormatError, convert, ggml_tensor_shapes, mel_filters
+from talkies.engines.whisper import ct2ggml
+from talkies.engines.whisper.ct2ggml import Ct2FormatError, convert, ggml_tensor_shapes, mel_filters
 
 from .modelgen_whisper import (
     TINY,

@@ -19,8 +19,8 @@ import pytest
 from talkies.config import ConfigError, Settings
 from talkies.engines.base import EngineEvent, EngineStream
 from talkies.engines.pool import ModelPool
-from talkies.engines.registry import ModelEntry
-from talkies.engines.runner import DEFAULT_DECODE_TIMEOUT, DecodeRounds
+from talkies.engines.runtime.rounds import DEFAULT_DECODE_TIMEOUT, DecodeRounds
+from talkies.engines.supply.registry import ModelEntry
 from talkies.protocol import EngineFailed, EngineFinal
 from talkies.protocol.messages import StartOptions
 

@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 import trustme
 
-from talkies.engines import archive as archive_mod
-from talkies.engines import download
-from talkies.engines.download import DownloadError, ensure_snapshot, is_downloaded, source_of
-from talkies.engines.registry import ModelEntry, entry_from_json, is_https_url
+from talkies.engines.supply import archive as archive_mod
+from talkies.engines.supply import download
+from talkies.engines.supply.download import DownloadError, ensure_snapshot, is_downloaded, source_of
+from talkies.engines.supply.registry import ModelEntry, entry_from_json, is_https_url
 from talkies.engines.vosk import check_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -43,7 +43,7 @@ from talkies.engines.base import (
     TranscriptionCancelled,
     TranscriptionRequest,
 )
-from talkies.engines.registry import ModelEntry
+from talkies.engines.supply.registry import ModelEntry
 from talkies.protocol import EngineEndpoint, EngineFinal, ErrorCode
 from talkies.protocol.messages import StartOptions
 

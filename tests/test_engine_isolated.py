@@ -26,9 +26,9 @@ from websockets.sync.client import connect
 
 from talkies.config import ConfigError, Settings
 from talkies.engines.base import RecognitionModel, TranscriptionRequest
-from talkies.engines.isolated import EngineCrashed, IsolatedModel, isolates, load_isolated
+from talkies.engines.isolation.proxy import EngineCrashed, IsolatedModel, isolates, load_isolated
 from talkies.engines.pool import ModelPool
-from talkies.engines.registry import ModelEntry
+from talkies.engines.supply.registry import ModelEntry
 from talkies.protocol import EngineEndpoint, EngineFailed, EngineFinal
 from talkies.protocol.messages import StartOptions
 
@@ -97,7 +97,7 @@ def test_thread_isolation_loads_in_this_process(tmp_path: Path, korean: bytes) -
 
 
 def test_a_stream_through_the_child_matches_the_model_in_this_process(korean: bytes) -> None:
-    from talkies.engines.validate import load_model
+    from talkies.engines.supply.validate import load_model
 
     audio = korean[: 32000 * 6]
     local = load_model(ENTRY, ROOT, "cpu")

@@ -24,13 +24,13 @@ import pytest
 pytest.importorskip("torch")
 
 from talkies.config import Settings
-from talkies.engines import isolated
-from talkies.engines.isolated import EngineCrashed, IsolatedSpeechModel, isolates
+from talkies.engines.isolation import proxy as isolated
+from talkies.engines.isolation.proxy import EngineCrashed, IsolatedSpeechModel, isolates
 from talkies.engines.pool import ModelPool
-from talkies.engines.registry import ModelEntry
+from talkies.engines.qwen3 import Qwen3SpeechModel, import_qwen_tts
+from talkies.engines.supply.registry import ModelEntry
 from talkies.engines.tts import SpeechError, SpeechErrorKind, SpeechRequest, SynthesisFailed
 from talkies.engines.tts.base import SpeechModel
-from talkies.engines.tts.qwen3 import Qwen3SpeechModel, import_qwen_tts
 
 try:
     import_qwen_tts()

@@ -1,4 +1,4 @@
-"""talkies.engines.memory: free heap pages go back to the system after a stream closes."""
+"""talkies.engines.runtime.memory: free heap pages go back to the system after a stream closes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from talkies.engines import memory
+from talkies.engines.runtime import memory
 
 libc_name = ctypes.util.find_library("c")
 pytestmark = pytest.mark.skipif(

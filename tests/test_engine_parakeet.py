@@ -29,8 +29,8 @@ import pytest
 
 from talkies.engines import parakeet as engine
 from talkies.engines.base import EngineUnavailable, Refusal
-from talkies.engines.builtin import DEFAULT_MODEL
-from talkies.engines.gguf_meta import GGUFError, read_metadata
+from talkies.engines.parakeet.gguf_meta import GGUFError, read_metadata
+from talkies.engines.supply.builtin import DEFAULT_MODEL
 from talkies.protocol import ErrorCode, Word
 
 from .modelgen import parakeet as gen
@@ -119,7 +119,7 @@ import dataclasses
 from pathlib import Path
 from talkies.engines import parakeet
 from talkies.engines.base import EngineUnavailable
-from talkies.engines.registry import ModelEntry
+from talkies.engines.supply.registry import ModelEntry
 {setup}
 entry = ModelEntry(slug="nemotron-3.5-asr-0.6b", executor="parakeet_cpp", path=Path("/nowhere"))
 try:

@@ -21,7 +21,12 @@ from talkies.engines.base import (
     Refusal,
 )
 from talkies.engines.pool import ModelConflict, ModelPool, build_registry
-from talkies.engines.registry import ModelEntry, RegistryError, entry_from_json, load_models_file
+from talkies.engines.supply.registry import (
+    ModelEntry,
+    RegistryError,
+    entry_from_json,
+    load_models_file,
+)
 from talkies.protocol import ErrorCode
 from talkies.protocol.messages import StartOptions
 
@@ -250,7 +255,7 @@ def test_models_file_and_enabled_models(tmp_path: Path) -> None:
 def test_builtin_revisions_are_pinned() -> None:
     import re
 
-    from talkies.engines.builtin import builtin_models
+    from talkies.engines.supply.builtin import builtin_models
 
     hex40, hex64 = re.compile(r"[0-9a-f]{40}"), re.compile(r"[0-9a-f]{64}")
     registry = builtin_models(Path("/data"))

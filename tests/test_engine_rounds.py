@@ -21,9 +21,9 @@ from typing import Any
 import anyio
 import pytest
 
-from talkies.engines import runner
 from talkies.engines.base import EngineEvent, EngineUpdate
-from talkies.engines.runner import DecodeRounds, ThreadedStream
+from talkies.engines.runtime import rounds as runner
+from talkies.engines.runtime.rounds import DecodeRounds, ThreadedStream
 from talkies.protocol import EngineFinal, EnginePartial
 from talkies.transport.driver import StreamDriver
 

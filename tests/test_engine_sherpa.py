@@ -7,7 +7,7 @@ accept everything, decode chunk by chunk with an endpoint check (and reset) afte
 the tail padding, ``input_finished`` and the last chunks. The engine must give the same
 utterances however the audio is framed, batched or sent over the wire.
 
-Live streams run in the one engine runtime (``talkies.engines.runner``): batched through
+Live streams run in the one engine runtime (``talkies.engines.runtime.rounds``): batched through
 ``decode_many`` by default, one ``decode_stream`` per chunk with ``batch: false``.
 """
 
@@ -36,8 +36,8 @@ pytest.importorskip("onnx")
 
 from talkies.engines import sherpa as engine  # noqa: E402
 from talkies.engines.base import EngineUnavailable  # noqa: E402
-from talkies.engines.registry import ModelEntry  # noqa: E402
-from talkies.engines.runner import ThreadedStream  # noqa: E402
+from talkies.engines.runtime.rounds import ThreadedStream  # noqa: E402
+from talkies.engines.supply.registry import ModelEntry  # noqa: E402
 from talkies.protocol import EngineEndpoint, EngineFailed, EngineFinal, EnginePartial  # noqa: E402
 from talkies.protocol.messages import StartOptions  # noqa: E402
 

@@ -11,7 +11,7 @@ import pytest
 
 from talkies.config import Settings
 from talkies.engines.pool import ModelPool
-from talkies.engines.registry import ModelEntry
+from talkies.engines.supply.registry import ModelEntry
 
 from .conftest import run_server
 from .fake_engine import speech

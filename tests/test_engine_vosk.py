@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 
 from talkies.engines import vosk as engine
 from talkies.engines.base import EngineUnavailable
-from talkies.engines.registry import ModelEntry
+from talkies.engines.supply.registry import ModelEntry
 from talkies.protocol import EngineEndpoint, EngineFinal, EnginePartial, Word
 from talkies.protocol.messages import StartOptions
 

@@ -28,7 +28,7 @@ import numpy.typing as npt
 import pytest
 
 from talkies.engines.base import EngineUnavailable, Refusal
-from talkies.engines.registry import ModelEntry
+from talkies.engines.supply.registry import ModelEntry
 from talkies.engines.whisper import (
     Decoded,
     DecodedWord,

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 from talkies.config import Settings
-from talkies.engines.builtin import DEFAULT_MODEL
 from talkies.engines.pool import ModelPool
+from talkies.engines.supply.builtin import DEFAULT_MODEL
 
 from .conftest import RunningServer, run_server
 from .fake_engine import write_wav

@@ -157,7 +157,7 @@ def test_http_routes(asgi_host: str) -> None:
 def test_uvicorn_factory_serves_the_configured_registry(tmp_path: Path) -> None:
     """The README's one-liner: uvicorn builds the app itself from TALKIES_* settings, and it
     serves the registry `talkies serve` would, here the offline default model."""
-    from talkies.engines.builtin import DEFAULT_MODEL
+    from talkies.engines.supply.builtin import DEFAULT_MODEL
 
     from .modelgen_whisper import POCKETSPHINX_DATA, converted_base, normalize_words
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from talkies.config import Settings
-from talkies.engines.builtin import DEFAULT_MODEL
 from talkies.engines.pool import ModelPool
+from talkies.engines.supply.builtin import DEFAULT_MODEL
 
 from .conftest import run_server
 from .fake_engine import silence, speech

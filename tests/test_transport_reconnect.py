@@ -22,7 +22,7 @@ import pytest
 from talkies.config import Settings
 from talkies.engines.base import EngineUpdate, LoadedModel, Recognition, RecognitionModel
 from talkies.engines.pool import ModelPool
-from talkies.engines.registry import ModelEntry
+from talkies.engines.supply.registry import ModelEntry
 from talkies.protocol.messages import StartOptions
 
 from .conftest import RunningServer, run_server

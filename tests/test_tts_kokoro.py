@@ -21,10 +21,10 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("kokoro_onnx")
 
 from talkies.engines.base import EngineUnavailable
+from talkies.engines.kokoro import KOKORO_JA_FILES, MODEL_FILE, KokoroSpeechModel, load
+from talkies.engines.supply.wheels import WheelError, materialize
 from talkies.engines.tts import SpeechError, SpeechErrorKind, SpeechRequest
-from talkies.engines.tts.kokoro import KOKORO_JA_FILES, MODEL_FILE, KokoroSpeechModel, load
 from talkies.engines.tts.voices import SAMPLE_VOICES, sample_voice
-from talkies.engines.wheels import WheelError, materialize
 
 from .modelgen_whisper import converted_base, normalize_words, word_errors
 

@@ -29,14 +29,9 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from talkies.engines.base import EngineUnavailable
+from talkies.engines.qwen3 import Qwen3SpeechModel, import_qwen_tts, load, resolve_settings
 from talkies.engines.tts import SpeechError, SpeechErrorKind, SpeechRequest
 from talkies.engines.tts.base import SpeechStream
-from talkies.engines.tts.qwen3 import (
-    Qwen3SpeechModel,
-    import_qwen_tts,
-    load,
-    resolve_settings,
-)
 
 try:
     import_qwen_tts()
@@ -423,7 +418,7 @@ def test_torchaudio_guard_in_this_process() -> None:
 _GUARD_PROBE = textwrap.dedent(
     """
     import json, sys
-    from talkies.engines.tts.qwen3 import import_qwen_tts
+    from talkies.engines.qwen3 import import_qwen_tts
     import_qwen_tts()
     kaldi = sys.modules["qwen_tts.core.tokenizer_25hz.vq.speech_vq"].kaldi
     try:

@@ -26,9 +26,9 @@ import anyio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from talkies.engines.kokoro import KOKORO_JA_FILES, load  # noqa: E402
+from talkies.engines.supply.wheels import materialize  # noqa: E402
 from talkies.engines.tts import SpeechRequest  # noqa: E402
-from talkies.engines.tts.kokoro import KOKORO_JA_FILES, load  # noqa: E402
-from talkies.engines.wheels import materialize  # noqa: E402
 
 # (sample voice, Kokoro voice, speed, transcript)
 VOICES = (

@@ -31,7 +31,7 @@ from .. import metrics
 from ..config import Settings
 from ..engines.base import StreamProvider
 from ..engines.pool import ModelConflict, ModelPool
-from ..engines.slots import Slots
+from ..engines.runtime.slots import Slots
 from ..protocol import StreamSession
 from .files import FileStore, file_chunks
 from .http import HttpError, PayloadTooLarge, Request, Response, error_response, json_response

@@ -62,8 +62,8 @@ from ..config import Settings
 from ..engines.base import (
     TranscriptionRequest,
 )
-from ..engines.builtin import DEFAULT_MODEL
 from ..engines.pool import ModelPool
+from ..engines.supply.builtin import DEFAULT_MODEL
 from ..engines.tts.base import SpeechRequest
 from .files import FileStore
 from .http import Headers, HttpError, Request, Response

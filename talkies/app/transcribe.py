@@ -39,7 +39,7 @@ from ..engines.base import (
     TranscriptionRequest,
 )
 from ..engines.pool import AnyModel, ModelConflict, ModelPool
-from ..engines.registry import ModelEntry
+from ..engines.supply.registry import ModelEntry
 from ..protocol import ErrorCode
 from ..protocol.messages import normalize_language
 from .forms import Form, read_form

@@ -13,7 +13,7 @@ from ..protocol.events import SAMPLE_RATE
 from ..protocol.messages import StartOptions
 
 if TYPE_CHECKING:
-    from .runner import DecodeRounds
+    from .runtime.rounds import DecodeRounds
 
 __all__ = [
     "BatchRecognition",
@@ -61,7 +61,7 @@ class Recognition(Protocol):
 
 @dataclass(slots=True, eq=False)
 class Work:
-    """One stream's share of a decode round (:mod:`talkies.engines.runner`).
+    """One stream's share of a decode round (:mod:`talkies.engines.runtime.rounds`).
 
     In: the audio queued since the last round and whether the input ends after it. Out: the
     events, in order (an EngineFinal or EngineFailed ends the stream), and ``more``: the
@@ -141,7 +141,7 @@ class LoadedModel(Protocol):
 
 class RecognitionModel:
     """A :class:`LoadedModel` for engines whose streams are :class:`Recognition` objects, all
-    run by the one engine-stream runtime (:mod:`talkies.engines.runner`): one set of
+    run by the one engine-stream runtime (:mod:`talkies.engines.runtime.rounds`): one set of
     worker-thread decode rounds per model."""
 
     def recognition(self, options: StartOptions) -> Recognition:
@@ -151,7 +151,7 @@ class RecognitionModel:
 
     def decode_rounds(self) -> DecodeRounds:
         """The model's rounds, made on first use (override to tune them)."""
-        from .runner import DecodeRounds
+        from .runtime.rounds import DecodeRounds
 
         return DecodeRounds()
 

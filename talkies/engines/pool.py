@@ -3,7 +3,7 @@
 - **Slots**: each model has ``max_concurrency`` slots (its entry, else TALKIES_MODEL_CONCURRENCY,
   else TALKIES_MODEL_MAX_CONCURRENCY), shared by WebSocket streams and HTTP requests. A full
   model refuses (``connection_limit``); nothing queues, except behind a stream that was
-  already released and is finishing its last decode (:mod:`talkies.engines.slots`).
+  already released and is finishing its last decode (:mod:`talkies.engines.runtime.slots`).
 - **Pinning**: while any stream is open, its model is pinned: a stream for another model gets
   ``model_busy`` (4409), and unloading it or serving another model over HTTP is a
   :class:`ModelConflict` (HTTP 409). The first stream of a model evicts the other loaded ones.
@@ -48,12 +48,12 @@ from .base import (
     RecognitionModel,
     Refusal,
 )
-from .download import DownloadError, ensure_snapshot, is_downloaded, source_of
-from .isolated import isolates, load_isolated, load_isolated_speech
-from .registry import ModelEntry, RegistryError
-from .slots import Slot, Slots
+from .isolation.proxy import isolates, load_isolated, load_isolated_speech
+from .runtime.slots import Slot, Slots
+from .supply.download import DownloadError, ensure_snapshot, is_downloaded, source_of
+from .supply.registry import ModelEntry, RegistryError
+from .supply.validate import load_model, validate_in_child
 from .tts.base import SpeechModel
-from .validate import load_model, validate_in_child
 
 __all__ = ["AnyModel", "ModelConflict", "ModelPool"]
 
@@ -533,8 +533,8 @@ class ModelPool:
 def build_registry(settings: Settings) -> dict[str, ModelEntry]:
     """Built-in entries, overridden and extended by TALKIES_MODELS_FILE, filtered by
     TALKIES_ENABLED_MODELS. Raises RegistryError naming every problem."""
-    from .builtin import builtin_models
-    from .registry import RegistryError, load_models_file
+    from .supply.builtin import builtin_models
+    from .supply.registry import RegistryError, load_models_file
 
     models = builtin_models(settings.data_dir)
     local = local_registry_path(settings)

@@ -35,7 +35,7 @@ from ..app.http import Body, ClientGone, HttpError, Request, Response, error_res
 from ..config import Settings
 from ..engines.base import StreamProvider
 from ..engines.pool import ModelPool
-from ..engines.slots import Slot
+from ..engines.runtime.slots import Slot
 from ..protocol import (
     AuthRejected,
     BinaryReceived,

@@ -36,7 +36,7 @@ from ..engines.base import (
     Refusal,
     StreamProvider,
 )
-from ..engines.slots import Slot
+from ..engines.runtime.slots import Slot
 from ..metrics import EVENT_LATENCY_SECONDS
 from ..protocol import (
     Action,

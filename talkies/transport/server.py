@@ -27,7 +27,7 @@ from ..app import STREAM_PATH, TalkiesApp, bearer_ok, websocket_admission
 from ..app.http import error_response, reason_phrase
 from ..config import Settings
 from ..engines.base import NoModels, StreamProvider
-from ..engines.slots import Slot
+from ..engines.runtime.slots import Slot
 from ..protocol import AuthRejected, ErrorCode, Input, Refused, SessionLimits, StreamSession
 from .driver import StreamDriver
 from .h11app import build_request, exchange, send_response

@@ -157,7 +157,7 @@ def tiny_qwen3_tts(out: Path, kind: str = "custom_voice", *, seed: int = 0) -> P
     """Write a tiny ``kind`` ("custom_voice" or "base") Qwen3-TTS model folder to ``out``."""
     import torch
 
-    from talkies.engines.tts.qwen3 import import_qwen_tts
+    from talkies.engines.qwen3 import import_qwen_tts
 
     import_qwen_tts()  # with the torchaudio guard: PyPI's torchaudio does not import here
     from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration

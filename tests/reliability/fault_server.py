@@ -28,8 +28,8 @@ from talkies import cli
 from talkies.config import Settings
 from talkies.engines import pool as pool_module
 from talkies.engines.base import LoadedModel
-from talkies.engines.isolated import load_engine
-from talkies.engines.registry import ModelEntry
+from talkies.engines.isolation.proxy import load_engine
+from talkies.engines.supply.registry import ModelEntry
 
 from ..fake_engine import EnergyFileModel
 from ..fault_engines import HangModel, RaiseModel, SlowModel

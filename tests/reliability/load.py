@@ -178,12 +178,13 @@ def free_port() -> int:
 
 
 def engine_pids(pid: int, model: str | None = None) -> list[int]:
-    """The engine processes (``python -m talkies.engines.isolated <model>``) the server
+    """The engine processes (``python -m talkies.engines.isolation.proxy <model>``) the server
     ``pid`` runs: all of them, or those of ``model``."""
     return [
         child.pid
         for child in procs.children(pid)
-        if "talkies.engines.isolated" in child.args and (model is None or model in child.args)
+        if "talkies.engines.isolation.child" in child.args
+        and (model is None or model in child.args)
     ]
 
 

@@ -297,7 +297,7 @@ def _load_check_refused(target: FaultTarget, entry: Any, expect: dict[str, str])
 def native_exit_on_load(target: FaultTarget) -> Facts:
     import onnx
 
-    from talkies.engines.registry import ModelEntry
+    from talkies.engines.supply.registry import ModelEntry
 
     from ..modelgen.sherpa import lstm_transducer
 
@@ -326,8 +326,8 @@ def native_exit_on_load(target: FaultTarget) -> Facts:
 
 @runner("native-abort-on-load", "in-process")
 def native_abort_on_load(target: FaultTarget) -> Facts:
-    from talkies.engines import validate
-    from talkies.engines.registry import ModelEntry
+    from talkies.engines.supply import validate
+    from talkies.engines.supply.registry import ModelEntry
 
     child = target.tmp / "aborting-child"
     child.write_text(

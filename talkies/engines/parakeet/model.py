@@ -28,8 +28,8 @@ from ..base import (
     TranscriptionRequest,
     transcribe_recognition,
 )
-from ..gguf_meta import GGUFError, read_metadata
-from ..registry import ModelEntry
+from ..supply.registry import ModelEntry
+from .gguf_meta import GGUFError, read_metadata
 from .native import (
     _NATIVE_LOCK,
     FEED_BYTES,

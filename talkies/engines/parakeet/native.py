@@ -16,8 +16,8 @@ from typing import Any
 from ..base import (
     EngineUnavailable,
 )
-from ..builtin import DEFAULT_MODEL
-from ..registry import ModelEntry
+from ..supply.builtin import DEFAULT_MODEL
+from ..supply.registry import ModelEntry
 
 log = logging.getLogger("talkies.engines")
 

@@ -6,7 +6,7 @@ model's root and may not leave it; every other key is passed through, checked ag
 factory's signature. The provider comes from ``TALKIES_DEVICE`` (:func:`select_provider`).
 
 Each client stream owns one sherpa ``OnlineStream`` (:mod:`.decoder`) and runs in the one
-engine-stream runtime (:mod:`talkies.engines.runner`), like every engine's. With ``batch:
+engine-stream runtime (:mod:`talkies.engines.runtime.rounds`), like every engine's. With ``batch:
 true`` (the default) its recognition offers ``decode_many``: each round of the model decodes
 one chunk of *every* ready stream with a single ``decode_streams`` call (at most
 ``max_batch`` streams per call), again and again while some are still ready (for at most
@@ -31,8 +31,8 @@ from typing import Any
 from ...protocol.messages import StartOptions
 from ..base import EngineUnavailable, RecognitionModel, Transcript, TranscriptionRequest
 from ..base import transcribe_recognition as _transcribe
-from ..registry import SHERPA_FACTORIES, ModelEntry
-from ..runner import DecodeRounds
+from ..runtime.rounds import DecodeRounds
+from ..supply.registry import SHERPA_FACTORIES, ModelEntry
 from .config import SherpaOptions, recognizer_kwargs, select_provider
 from .decoder import (
     BatchedSherpaRecognition,

@@ -6,7 +6,7 @@ import importlib
 from pathlib import Path
 
 from ..base import EngineUnavailable
-from ..registry import ModelEntry
+from ..supply.registry import ModelEntry
 from .base import SpeechModel
 
 __all__ = ["load_speech_model"]
@@ -29,11 +29,11 @@ def _device(executor: str, device: str) -> str:
 def load_speech_model(entry: ModelEntry, root: Path, device: str, data_dir: Path) -> SpeechModel:
     device = _device(entry.executor, device)
     if entry.executor == "qwen3_tts":
-        from . import qwen3
+        from .. import qwen3
 
         return qwen3.load(root, entry.options, device, data_dir, name=entry.slug)
     if entry.executor == "kokoro":
-        from . import kokoro
+        from .. import kokoro
 
         return kokoro.load(root, entry.options, device, name=entry.slug)
     raise EngineUnavailable(f"model {entry.slug!r}: executor {entry.executor!r} is not TTS")

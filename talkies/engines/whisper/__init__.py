@@ -77,7 +77,7 @@ cancelled. With no language in the request it uses the entry's, as a stream does
 
 The model file is ``options.model_file``, else ``model.bin``, else the only ``*.bin`` in the
 model folder; it is checked from end to end before whisper.cpp sees it. A faster-whisper
-(CTranslate2) folder is converted once (:mod:`talkies.engines.ct2ggml`) and the conversion
+(CTranslate2) folder is converted once (:mod:`talkies.engines.whisper.ct2ggml`) and the conversion
 kept beside it.
 """
 

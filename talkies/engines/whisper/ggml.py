@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..base import EngineUnavailable
-from ..ct2ggml import GGML_MAGIC, Ct2FormatError, Hparams, convert, ggml_tensor_shapes
-from ..registry import ModelEntry
+from ..supply.registry import ModelEntry
 from .config import RollingConfig
+from .ct2ggml import GGML_MAGIC, Ct2FormatError, Hparams, convert, ggml_tensor_shapes
 
 __all__ = ["GgmlInfo", "ggml_for", "inspect_ggml", "model_path"]
 

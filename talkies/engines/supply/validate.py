@@ -2,7 +2,7 @@
 
 Native engines can end the whole process on a malformed model (sherpa-onnx exits with status
 255 when metadata is missing): no exception, no cleanup. So the first load of each model runs
-``python -m talkies.engines.validate`` on it: load, open one stream, decode half a second of
+``python -m talkies.engines.supply.validate`` on it: load, open one stream, decode half a second of
 silence, flush. Only a model that survives that is loaded into the server; one that does not
 becomes a clean 4500 for the client and an error in the log.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio
 
-from .base import EngineUnavailable, LoadedModel
+from ..base import EngineUnavailable, LoadedModel
 from .registry import ModelEntry, entry_from_json
 
 __all__ = ["entry_json", "load_model", "validate_in_child"]
@@ -38,7 +38,7 @@ def load_model(entry: ModelEntry, root: Path, device: str) -> LoadedModel:
     name = _EXECUTOR_MODULES.get(entry.executor)
     if name is None:
         raise EngineUnavailable(f"model {entry.slug!r}: executor {entry.executor!r} cannot stream")
-    module = importlib.import_module(f"{__package__}.{name}")
+    module = importlib.import_module(f"talkies.engines.{name}")
     model: LoadedModel = module.load(entry, root, device)
     return model
 
@@ -70,7 +70,7 @@ def validate_in_child(
     ).encode()
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "talkies.engines.validate"],
+            [sys.executable, "-m", "talkies.engines.supply.validate"],
             input=payload,
             capture_output=True,
             timeout=timeout,
@@ -87,7 +87,7 @@ def validate_in_child(
 
 
 async def _check(entry: ModelEntry, root: Path, device: str) -> None:
-    from ..protocol.messages import StartOptions
+    from ...protocol.messages import StartOptions
 
     model = await anyio.to_thread.run_sync(load_model, entry, root, device)
     stream = await model.open_stream(

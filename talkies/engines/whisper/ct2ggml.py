@@ -22,7 +22,7 @@ int8/int16 weights with a ``weight_scale`` beside them: all of that is undone he
 filters are not in the checkpoint: they are computed (librosa's Slaney mel, which is what
 OpenAI's ``mel_filters.npz`` holds).
 
-The CTranslate2 side is read by :mod:`talkies.engines.ct2`.
+The CTranslate2 side is read by :mod:`talkies.engines.whisper.ct2`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import BinaryIO
 import numpy as np
 import numpy.typing as npt
 
-from ..protocol.events import SAMPLE_RATE
+from ...protocol.events import SAMPLE_RATE
 from .ct2 import Ct2Checkpoint, Ct2FormatError, read_vocabulary
 
 __all__ = [
@@ -392,7 +392,7 @@ def convert(ct2_dir: Path, out_file: Path, *, f16: bool = True) -> Hparams:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m talkies.engines.ct2ggml CT2_DIR OUT.bin [--f32]``."""
+    """``python -m talkies.engines.whisper.ct2ggml CT2_DIR OUT.bin [--f32]``."""
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
