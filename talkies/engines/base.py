@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -22,11 +23,13 @@ __all__ = [
     "EngineUnavailable",
     "EngineUpdate",
     "FileTranscriber",
+    "ListeningStream",
     "LoadedModel",
     "NoModels",
     "Recognition",
     "RecognitionModel",
     "Refusal",
+    "ResultListener",
     "StreamProvider",
     "Transcript",
     "TranscriptSegment",
@@ -125,6 +128,24 @@ class EngineStream(Protocol):
     async def aclose(self) -> None:
         """Release the stream and its slot. Idempotent; waits for in-flight decoding."""
         ...
+
+
+ResultListener = Callable[[deque[EngineEvent]], bool]
+
+
+@runtime_checkable
+class ListeningStream(EngineStream, Protocol):
+    """An engine stream that can also offer its results to a listener the moment they exist.
+
+    The one fast result path, declared: the runtime's streams
+    (:class:`~talkies.engines.runtime.ThreadedStream`) and the pool's wrapper of them have it.
+    After :meth:`listen`, each batch of results is first offered to ``listener`` on the event
+    loop, in the callback that ends the decode round: it takes what it can from the front of
+    the queue it is given and returns whether it took everything. ``events()`` is woken only
+    for what it leaves, in order; a stream without ``listen`` delivers everything there.
+    """
+
+    def listen(self, listener: ResultListener) -> None: ...
 
 
 class LoadedModel(Protocol):

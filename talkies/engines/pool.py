@@ -23,7 +23,6 @@ import functools
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from importlib import metadata
@@ -44,9 +43,11 @@ from .base import (
     EngineEvent,
     EngineStream,
     EngineUnavailable,
+    ListeningStream,
     LoadedModel,
     RecognitionModel,
     Refusal,
+    ResultListener,
 )
 from .isolation.proxy import isolates, load_isolated, load_isolated_speech
 from .runtime.slots import Slot, Slots
@@ -112,10 +113,9 @@ class _PooledStream:
     def events(self) -> AsyncIterator[EngineEvent]:
         return self._inner.events()
 
-    def listen(self, listener: Callable[[deque[EngineEvent]], bool]) -> None:
-        listen = getattr(self._inner, "listen", None)
-        if callable(listen):
-            listen(listener)
+    def listen(self, listener: ResultListener) -> None:
+        if isinstance(self._inner, ListeningStream):
+            self._inner.listen(listener)
 
     async def aclose(self) -> None:
         if self._closed:

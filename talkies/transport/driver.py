@@ -33,6 +33,7 @@ from ..engines.base import (
     EngineEvent,
     EngineStream,
     EngineUnavailable,
+    ListeningStream,
     Refusal,
     StreamProvider,
 )
@@ -310,10 +311,9 @@ class StreamDriver:
             await self._handle(outcome)
             return
         self._stream = outcome
-        listen = getattr(outcome, "listen", None)
-        if callable(listen) and isinstance(self._channel, DirectChannel):
+        if isinstance(outcome, ListeningStream) and isinstance(self._channel, DirectChannel):
             self._direct = self._channel
-            listen(self._engine_results)
+            outcome.listen(self._engine_results)
         assert self._tg is not None
         self._tg.start_soon(self._engine_loop, outcome)
         await self._handle(EngineOpened())

@@ -73,7 +73,7 @@ import anyio.to_thread
 
 from ...metrics import DECODE_ROUND_SECONDS
 from ...protocol import EngineFailed, EngineFinal
-from ..base import EngineEvent, Recognition, Work
+from ..base import EngineEvent, Recognition, ResultListener, Work
 from . import memory
 from .threads import _Round, _RoundThreads
 
@@ -456,7 +456,7 @@ class ThreadedStream:
         self._loop_token: anyio.lowlevel.EventLoopToken | None = None
         self._wake_loop: _Wake = _ignore
         self._outbox: deque[EngineEvent] = deque()
-        self._listener: Callable[[deque[EngineEvent]], bool] | None = None  # see listen()
+        self._listener: ResultListener | None = None  # see listen()
         self._signal = anyio.Event()  # results, or close
         self._room = anyio.Event()  # the queue drained
         self._idle = anyio.Event()  # not inside a round (for aclose)
@@ -557,7 +557,7 @@ class ThreadedStream:
 
     # -- the event loop's side ----------------------------------------------------------------
 
-    def listen(self, listener: Callable[[deque[EngineEvent]], bool]) -> None:
+    def listen(self, listener: ResultListener) -> None:
         """Offer results to ``listener`` first, on the event loop, as soon as a round ends:
         it takes what it can from the front of the queue it is given and says whether it took
         everything (``events()`` is woken only for what it left). It lets the consumer answer
