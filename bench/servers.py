@@ -69,13 +69,8 @@ def run_talkies(mode: str, frame_bytes: int, *, inline: bool = False) -> None:
     import anyio
 
     from talkies.config import Settings
-    from talkies.engines.base import (
-        EngineEvent,
-        EngineStream,
-        EngineUpdate,
-        Recognition,
-        RecognitionModel,
-    )
+    from talkies.engines.base import EngineEvent, EngineStream, EngineUpdate, Recognition
+    from talkies.engines.runtime import RecognitionModel
     from talkies.logs import configure
     from talkies.protocol import EngineFinal, EnginePartial
     from talkies.protocol.messages import StartOptions

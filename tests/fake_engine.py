@@ -21,12 +21,12 @@ from talkies.engines.base import (
     EngineStream,
     EngineUpdate,
     Recognition,
-    RecognitionModel,
     Refusal,
     Transcript,
     TranscriptionRequest,
     transcribe_recognition,
 )
+from talkies.engines.runtime import RecognitionModel
 from talkies.engines.runtime.rounds import ThreadedStream
 from talkies.protocol import EngineEndpoint, EngineFinal, EnginePartial, ErrorCode, Word
 from talkies.protocol.messages import StartOptions

@@ -18,7 +18,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from talkies.engines.base import EngineUpdate, Recognition, RecognitionModel
+from talkies.engines.base import EngineUpdate, Recognition
+from talkies.engines.runtime import RecognitionModel
 from talkies.protocol import EngineFinal
 from talkies.protocol.messages import StartOptions
 

@@ -1,4 +1,4 @@
-"""The decode deadline of the engine runtime (talkies/engines/runner.py, TALKIES_DECODE_TIMEOUT).
+"""The decode deadline of the engine runtime (talkies/engines/runtime/, TALKIES_DECODE_TIMEOUT).
 
 A decode call that does not return in time fails its stream (EngineFailed: 4500 for the
 client), frees it at once, and leaves its recognition to the hung thread, which closes it when

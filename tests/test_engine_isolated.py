@@ -25,9 +25,10 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from talkies.config import ConfigError, Settings
-from talkies.engines.base import RecognitionModel, TranscriptionRequest
+from talkies.engines.base import TranscriptionRequest
 from talkies.engines.isolation.proxy import EngineCrashed, IsolatedModel, isolates, load_isolated
 from talkies.engines.pool import ModelPool
+from talkies.engines.runtime import RecognitionModel
 from talkies.engines.supply.registry import ModelEntry
 from talkies.protocol import EngineEndpoint, EngineFailed, EngineFinal
 from talkies.protocol.messages import StartOptions

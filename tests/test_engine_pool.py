@@ -13,14 +13,9 @@ import httpx
 import pytest
 
 from talkies.config import Settings
-from talkies.engines.base import (
-    EngineUnavailable,
-    LoadedModel,
-    Recognition,
-    RecognitionModel,
-    Refusal,
-)
+from talkies.engines.base import EngineUnavailable, LoadedModel, Recognition, Refusal
 from talkies.engines.pool import ModelConflict, ModelPool, build_registry
+from talkies.engines.runtime import RecognitionModel
 from talkies.engines.supply.registry import (
     ModelEntry,
     RegistryError,

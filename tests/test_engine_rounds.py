@@ -1,5 +1,5 @@
 """How the engine runtime spaces its decode rounds and hands results over
-(talkies/engines/runner.py: "Spacing", "Results"; talkies/transport/driver.py).
+(talkies/engines/runtime/schedule.py: "Spacing", "Results"; talkies/transport/driver.py).
 
 A cheap decoder (microseconds per call, as the transport benchmarks' echo engine) is where a
 thread hop per frame was the whole cost: its rounds start at most every ``_MIN_GAP``, one at
@@ -22,7 +22,7 @@ import anyio
 import pytest
 
 from talkies.engines.base import EngineEvent, EngineUpdate
-from talkies.engines.runtime import rounds as runner
+from talkies.engines.runtime import schedule as runner
 from talkies.engines.runtime.rounds import DecodeRounds, ThreadedStream
 from talkies.protocol import EngineFinal, EnginePartial
 from talkies.transport.driver import StreamDriver

@@ -587,7 +587,7 @@ def test_streams_decode_without_a_reader(
             await stream.flush()
             assert isinstance(stream, ThreadedStream)
             with anyio.fail_after(10):
-                while stream.buffered_bytes or not stream._ended:
+                while stream.buffered_bytes or not stream.ended:
                     await anyio.sleep(0.01)
             return [event async for event in stream.events()]
         finally:

@@ -20,8 +20,9 @@ import httpx
 import pytest
 
 from talkies.config import Settings
-from talkies.engines.base import EngineUpdate, LoadedModel, Recognition, RecognitionModel
+from talkies.engines.base import EngineUpdate, LoadedModel, Recognition
 from talkies.engines.pool import ModelPool
+from talkies.engines.runtime import RecognitionModel
 from talkies.engines.supply.registry import ModelEntry
 from talkies.protocol.messages import StartOptions
 

@@ -28,12 +28,8 @@ def counter_of(data: bytes) -> int:
 
 def build_app(mode: str, frame_bytes: int) -> object:
     from talkies.config import Settings
-    from talkies.engines.base import (
-        EngineStream,
-        EngineUpdate,
-        Recognition,
-        RecognitionModel,
-    )
+    from talkies.engines.base import EngineStream, EngineUpdate, Recognition
+    from talkies.engines.runtime import RecognitionModel
     from talkies.protocol import EngineFinal, EnginePartial
     from talkies.protocol.messages import StartOptions
     from talkies.transport.asgi import create_app

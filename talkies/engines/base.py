@@ -7,14 +7,11 @@ import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from ..protocol import EngineEndpoint, EngineFailed, EngineFinal, EnginePartial, ErrorCode, Word
 from ..protocol.events import SAMPLE_RATE
 from ..protocol.messages import StartOptions
-
-if TYPE_CHECKING:
-    from .runtime.rounds import DecodeRounds
 
 __all__ = [
     "BatchRecognition",
@@ -27,7 +24,6 @@ __all__ = [
     "LoadedModel",
     "NoModels",
     "Recognition",
-    "RecognitionModel",
     "Refusal",
     "ResultListener",
     "StreamProvider",
@@ -158,40 +154,6 @@ class LoadedModel(Protocol):
     def close(self) -> None:
         """Free the model. Called from a worker thread, after every stream was closed."""
         ...
-
-
-class RecognitionModel:
-    """A :class:`LoadedModel` for engines whose streams are :class:`Recognition` objects, all
-    run by the one engine-stream runtime (:mod:`talkies.engines.runtime.rounds`): one set of
-    worker-thread decode rounds per model."""
-
-    def recognition(self, options: StartOptions) -> Recognition:
-        """Create a stream's decoder state. Called in a worker thread (creating one may take
-        tens of milliseconds: a Vosk recognizer); may raise :class:`Refusal`."""
-        raise NotImplementedError
-
-    def decode_rounds(self) -> DecodeRounds:
-        """The model's rounds, made on first use (override to tune them)."""
-        from .runtime.rounds import DecodeRounds
-
-        return DecodeRounds()
-
-    _rounds: DecodeRounds | None = None
-
-    @property
-    def rounds(self) -> DecodeRounds:
-        if self._rounds is None:
-            self._rounds = self.decode_rounds()
-            self._rounds.label = str(getattr(self, "slug", "") or type(self).__name__)
-        return self._rounds
-
-    async def open_stream(self, options: StartOptions, *, max_buffered_bytes: int) -> EngineStream:
-        return await self.rounds.open(
-            lambda: self.recognition(options), max_buffered_bytes=max_buffered_bytes
-        )
-
-    def close(self) -> None:
-        return None
 
 
 class StreamProvider(Protocol):

@@ -45,11 +45,11 @@ from .base import (
     EngineUnavailable,
     ListeningStream,
     LoadedModel,
-    RecognitionModel,
     Refusal,
     ResultListener,
 )
 from .isolation.proxy import isolates, load_isolated, load_isolated_speech
+from .runtime import RecognitionModel
 from .runtime.slots import Slot, Slots
 from .supply.download import DownloadError, ensure_snapshot, is_downloaded, source_of
 from .supply.registry import ModelEntry, RegistryError

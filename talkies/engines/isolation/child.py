@@ -33,12 +33,11 @@ from ..base import (
     EngineUnavailable,
     FileTranscriber,
     Recognition,
-    RecognitionModel,
     Transcript,
     TranscriptionRequest,
     Work,
 )
-from ..runtime import memory
+from ..runtime import RecognitionModel, memory
 from ..supply.registry import ModelEntry, entry_from_json
 from ..supply.validate import load_model
 from ..tts.base import SpeechModel, SpeechRequest

@@ -53,15 +53,8 @@ import anyio
 from ...config import Settings
 from ...protocol import EngineFinal
 from ...protocol.messages import StartOptions
-from ..base import (
-    EngineUpdate,
-    LoadedModel,
-    Recognition,
-    RecognitionModel,
-    Transcript,
-    TranscriptionRequest,
-    Work,
-)
+from ..base import EngineUpdate, LoadedModel, Recognition, Transcript, TranscriptionRequest, Work
+from ..runtime import RecognitionModel
 from ..supply.registry import ModelEntry
 from ..supply.validate import load_model
 from ..tts.base import (

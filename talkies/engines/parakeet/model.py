@@ -22,12 +22,12 @@ from ..base import (
     EngineUnavailable,
     EngineUpdate,
     LoadedModel,
-    RecognitionModel,
     Refusal,
     Transcript,
     TranscriptionRequest,
     transcribe_recognition,
 )
+from ..runtime import RecognitionModel
 from ..supply.registry import ModelEntry
 from .gguf_meta import GGUFError, read_metadata
 from .native import (

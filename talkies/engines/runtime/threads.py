@@ -8,13 +8,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Generic, TypeVar
+
+import anyio.lowlevel
 
 from ...protocol import EngineFailed
 from ..base import Work
-
-if TYPE_CHECKING:
-    from .rounds import ThreadedStream
+from .loop import Callback, later
 
 log = logging.getLogger("talkies.engines")
 
@@ -23,9 +23,11 @@ DECODE_FAILED = "the speech engine failed while decoding"
 _IDLE_SECONDS = 10.0
 
 Done = Callable[[float], None]
+S = TypeVar("S")  # what a round's works belong to: the runtime's streams
+Late = Callable[["Round[S]", Sequence[Work], set[Work]], None]
 
 
-class _Round:
+class Round(Generic[S]):
     """One round in flight, shared by the event loop and its round thread.
 
     The thread takes the round in steps (one stream's ``accept``/``finish``, or one
@@ -35,9 +37,11 @@ class _Round:
     step it is in are its own to close.
 
     A round may be submitted before it is due (``not_before``, a ``time.monotonic()``): its
-    thread then waits until then, and until it seals the round, the event loop may still
-    :meth:`join` streams to it. The wait is the thread's own timed wait, precise to tens of
-    microseconds, where an event-loop timer would round it up to the selector's millisecond.
+    thread then waits until then, and until it seals the round (``sealed``, under ``lock``),
+    the event loop may still add streams to ``batch``
+    (:class:`~talkies.engines.runtime.schedule.RoundScheduler` does). The wait is the thread's
+    own timed wait, precise to tens of microseconds, where an event-loop timer would round it
+    up to the selector's millisecond.
     """
 
     __slots__ = (
@@ -52,7 +56,7 @@ class _Round:
         "step_started",
     )
 
-    def __init__(self, batch: list[tuple[ThreadedStream, Work]], not_before: float = 0.0) -> None:
+    def __init__(self, batch: list[tuple[S, Work]], not_before: float = 0.0) -> None:
         self.batch = batch
         self.lock = threading.Lock()
         self.current: Sequence[Work] = ()  # the works of the call in progress
@@ -62,28 +66,6 @@ class _Round:
         self.sealed = not_before <= 0.0  # no stream joins any more
         self.due = threading.Condition(self.lock) if not self.sealed else None
         self._not_before = not_before
-
-    def join(self, stream: ThreadedStream) -> bool:
-        """Event loop: claim ``stream``'s new work into this round if it has not begun (a
-        stream already in it adds its later audio and its end to its share); whether it was
-        taken. False once the round has begun: then the stream waits for the next."""
-        with self.lock:
-            if self.sealed:
-                return False
-            mine = None
-            if stream._busy:  # (rare: a second frame within the gap) in this round?
-                mine = next((work for each, work in self.batch if each is stream), None)
-                if mine is None or stream._more:
-                    return True  # in another round, or its decoder's backlog first: that ends it
-            work = stream._claim()
-            if work is None:
-                return True
-            if mine is None:
-                self.batch.append((stream, work))
-            else:
-                mine.pcm += work.pcm
-                mine.finish = mine.finish or work.finish
-            return True
 
     def start_now(self) -> bool:
         """Event loop: nothing more to wait for (every open stream is in); whether the round
@@ -106,7 +88,63 @@ class _Round:
             self.sealed = True
 
 
-class _RoundThreads:
+class InFlight(Generic[S]):
+    """A model's rounds in flight, and the deadline check over them, on the event loop.
+
+    One timer per model, not per round: it lapses once no round is in flight. When a round's
+    current call has run ``timeout`` seconds, the round is marked ``abandoned`` and ``late``
+    is called with it, the works of the hung call, and the works whose calls returned.
+    """
+
+    def __init__(self, late: Late[S], timeout: float) -> None:
+        self.timeout = timeout
+        self._late = late
+        self._rounds: set[Round[S]] = set()
+        self._watching: Callback | None = None  # the check's timer, if set
+        self._watch_at = 0.0  # when it fires
+        self._token: anyio.lowlevel.EventLoopToken | None = None
+
+    def add(self, round_: Round[S], token: anyio.lowlevel.EventLoopToken) -> None:
+        """``round_`` was submitted from the event loop of ``token``."""
+        self._rounds.add(round_)
+        self._token = token
+        if self._watching is None or time.monotonic() > self._watch_at + 1.0:
+            # (a check whose loop has gone never runs: one overdue by a second is replaced)
+            self._watch_later(self.timeout)
+
+    def discard(self, round_: Round[S]) -> None:
+        self._rounds.discard(round_)
+
+    def _watch_later(self, delay: float) -> None:
+        assert self._token is not None
+        self._watch_at = time.monotonic() + delay
+        self._watching = later(self._token, delay, self._watch)
+
+    def _watch(self) -> None:
+        """Give up every round whose current call has run ``timeout`` seconds; come back when
+        the next one could have."""
+        self._watching = None
+        now = time.monotonic()
+        due = now + self.timeout
+        for round_ in list(self._rounds):
+            with round_.lock:
+                running = bool(round_.current)
+                started = round_.step_started
+                late = running and now - started >= self.timeout
+                if late:
+                    round_.abandoned = True
+                    hung = round_.current
+                    finished = set(round_.finished)
+            if late:
+                self._rounds.discard(round_)
+                self._late(round_, hung, finished)
+            elif running:
+                due = min(due, started + self.timeout)
+        if self._rounds:
+            self._watch_later(max(0.001, due - now))
+
+
+class RoundThreads:
     """The threads that run one model's rounds (at most ``parallel`` busy at once).
 
     Not ``anyio.to_thread.run_sync``: a round is started from plain event-loop callbacks, and
@@ -115,12 +153,12 @@ class _RoundThreads:
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._jobs: queue.SimpleQueue[tuple[_Round, Done]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[Round[Any], Done]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._idle = 0  # threads waiting for a job, less the jobs queued for them
         self._started = 0
 
-    def submit(self, batch: _Round, done: Done) -> None:
+    def submit(self, batch: Round[Any], done: Done) -> None:
         """Decode ``batch`` in a round thread, then call ``done(seconds it took)`` there."""
         with self._lock:
             if self._idle:
@@ -156,9 +194,9 @@ class _RoundThreads:
             done(took)
 
 
-def _decode_round(round_: _Round) -> None:
+def _decode_round(round_: Round[Any]) -> None:
     """Round thread: every stream of the round; a failure is its stream's alone (or its
-    batched call's). Each call is a step the deadline check can see (:class:`_Round`)."""
+    batched call's). Each call is a step the deadline check can see (:class:`Round`)."""
     groups: dict[type, list[Work]] = {}
     for _, work in round_.batch:
         if callable(getattr(work.recognition, "decode_many", None)):
@@ -193,7 +231,7 @@ def _decode_round(round_: _Round) -> None:
             return
 
 
-def _begin(round_: _Round, works: Sequence[Work]) -> bool:
+def _begin(round_: Round[Any], works: Sequence[Work]) -> bool:
     """Round thread: about to call the decoders of ``works``; False if the round was given up
     (the works not yet decoded went back to their streams)."""
     with round_.lock:
@@ -204,7 +242,7 @@ def _begin(round_: _Round, works: Sequence[Work]) -> bool:
         return True
 
 
-def _end(round_: _Round) -> bool:
+def _end(round_: Round[Any]) -> bool:
     """Round thread: the call of the current step returned. If the deadline passed meanwhile,
     its streams have failed and their recognitions are this thread's to close; False then."""
     with round_.lock:
@@ -216,7 +254,7 @@ def _end(round_: _Round) -> bool:
     return False
 
 
-def _renew(round_: _Round) -> bool:
+def _renew(round_: Round[Any]) -> bool:
     """Round thread: between a stream's ``accept`` and ``finish``, each call has a deadline of
     its own; False (and the recognition closed) if the first one passed it."""
     with round_.lock:

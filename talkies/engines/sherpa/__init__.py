@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from ...protocol.messages import StartOptions
-from ..base import EngineUnavailable, RecognitionModel, Transcript, TranscriptionRequest
+from ..base import EngineUnavailable, Transcript, TranscriptionRequest
 from ..base import transcribe_recognition as _transcribe
+from ..runtime import RecognitionModel
 from ..runtime.rounds import DecodeRounds
 from ..supply.registry import SHERPA_FACTORIES, ModelEntry
 from .config import SherpaOptions, recognizer_kwargs, select_provider

@@ -41,11 +41,11 @@ from ..base import (
     EngineUnavailable,
     EngineUpdate,
     LoadedModel,
-    RecognitionModel,
     Transcript,
     TranscriptionRequest,
     transcribe_recognition,
 )
+from ..runtime import RecognitionModel
 from ..supply.registry import ModelEntry
 
 __all__ = [

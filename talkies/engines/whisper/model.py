@@ -19,12 +19,12 @@ from ...protocol.events import SAMPLE_RATE
 from ...protocol.messages import StartOptions
 from ..base import (
     EngineUnavailable,
-    RecognitionModel,
     Refusal,
     Transcript,
     TranscriptionCancelled,
     TranscriptionRequest,
 )
+from ..runtime import RecognitionModel
 from ..supply.registry import ModelEntry
 from .config import MIN_DECODE_SAMPLES, RollingConfig, encoder_positions, resolve_config
 from .files import file_params, file_segments
