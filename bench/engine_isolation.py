@@ -120,10 +120,10 @@ def speech_main(args: argparse.Namespace) -> None:
 
     import anyio
 
+    from talkies.engines.catalogue import load_speech as load_speech_model
     from talkies.engines.isolation.proxy import load_isolated_speech
     from talkies.engines.supply.registry import ModelEntry
     from talkies.engines.tts.base import SpeechModel, SpeechRequest
-    from talkies.engines.tts.loader import load_speech_model
     from tests.modelgen.qwen3 import tiny_qwen3_tts
 
     folder = Path(tempfile.mkdtemp(prefix="bench-qwen3-"))

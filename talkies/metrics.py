@@ -3,7 +3,9 @@
 Counters and histograms are process-wide and live in :data:`REGISTRY` (not the client's
 default registry, so an application embedding Talkies keeps its own namespace clean). Gauges
 that describe state (slots, loaded models) are read at scrape time from every live
-:class:`~talkies.app.TalkiesApp`, so they can never drift from the pool they describe.
+:class:`StateSource` (the app registers itself with :func:`track`), so they can never drift
+from the pool they describe. This module imports nothing of Talkies: every layer may record
+into it.
 
 Nothing here reads a clock or does I/O on its own: callers observe the values they measured.
 """
@@ -12,14 +14,11 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-if TYPE_CHECKING:
-    from .app import TalkiesApp
 
 __all__ = [
     "AUDIO_SECONDS",
@@ -30,6 +29,7 @@ __all__ = [
     "MODEL_LOAD_SECONDS",
     "REGISTRY",
     "STREAMS",
+    "StateSource",
     "render",
     "track",
 ]
@@ -68,10 +68,37 @@ MODEL_LOAD_SECONDS = Histogram(
     registry=REGISTRY,
 )
 
-_apps: weakref.WeakSet[TalkiesApp] = weakref.WeakSet()
+
+class _Counted(Protocol):
+    @property
+    def held(self) -> int: ...
+
+    @property
+    def limit(self) -> int: ...
 
 
-def track(app: TalkiesApp) -> None:
+class _Models(Protocol):
+    def status(self) -> list[dict[str, Any]]:
+        """One row per model: ``model``, ``in_use``, ``max_concurrency``, ``loaded``,
+        ``pinned``."""
+        ...
+
+
+class StateSource(Protocol):
+    """What the state gauges read at scrape time: the server-wide stream slots and the
+    model pool (None: a server without models)."""
+
+    @property
+    def stream_slots(self) -> _Counted: ...
+
+    @property
+    def pool(self) -> _Models | None: ...
+
+
+_apps: weakref.WeakSet[StateSource] = weakref.WeakSet()
+
+
+def track(app: StateSource) -> None:
     """Report ``app``'s slots and models in the gauges while it lives."""
     _apps.add(app)
 

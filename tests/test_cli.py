@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TALKIES_")}
     env.update(extra)
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = extra.get("PYTHONPATH", str(ROOT))  # this tree, unless told another
     return env
 
 
@@ -45,10 +45,13 @@ def _read_json_lines(stream: IO[str], until: str, timeout: float = 10) -> list[d
 
 
 @contextmanager
-def serve(*args: str, **env: str) -> Iterator[tuple[subprocess.Popen[str], int]]:
+def serve(
+    *args: str, cwd: Path | None = None, **env: str
+) -> Iterator[tuple[subprocess.Popen[str], int]]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "talkies", "serve", "--port", "0", *args],
         env=_env(**env),
+        cwd=cwd,  # (python -m puts the working folder first on the path)
         stderr=subprocess.PIPE,
         text=True,
     )

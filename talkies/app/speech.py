@@ -27,6 +27,7 @@ from typing import Any, cast
 import anyio
 
 from .. import audio
+from ..engines import catalogue
 from ..engines.pool import ModelPool
 from ..engines.tts.base import (
     SpeechError,
@@ -61,7 +62,7 @@ def _speech_model(pool: ModelPool, slug: str) -> None:
     entry = pool.entry(slug)
     if entry is None:
         raise HttpError(404, f"unknown model {slug!r}", code="model_not_found", param="model")
-    if not entry.tts:
+    if catalogue.executor_of(entry).kind != "tts":
         raise HttpError(
             400,
             f"model {slug!r} ({entry.executor}) is not a speech model",

@@ -30,6 +30,7 @@ import anyio
 import anyio.to_thread
 
 from .. import audio, transcripts
+from ..engines import catalogue
 from ..engines.base import (
     EngineUnavailable,
     FileTranscriber,
@@ -39,7 +40,7 @@ from ..engines.base import (
     TranscriptionRequest,
 )
 from ..engines.pool import AnyModel, ModelConflict, ModelPool
-from ..engines.supply.registry import ModelEntry
+from ..engines.supply.entry import ModelEntry
 from ..protocol import ErrorCode
 from ..protocol.messages import normalize_language
 from .forms import Form, read_form
@@ -61,8 +62,6 @@ __all__ = [
 log = logging.getLogger("talkies.app")
 
 _GRANULARITIES = frozenset({"segment", "word"})
-# Executors with a whole-file path (FileTranscriber); the others answer 400, not 500.
-_ASR_EXECUTORS = frozenset({"sherpa", "vosk", "whisper", "parakeet_cpp"})
 
 
 def _model_error(slug: str, exc: Exception) -> HttpError:
@@ -169,7 +168,7 @@ def asr_entry(pool: ModelPool, slug: str) -> ModelEntry:
     entry = pool.entry(slug)
     if entry is None:
         raise HttpError(404, f"unknown model {slug!r}", code="model_not_found", param="model")
-    if entry.executor not in _ASR_EXECUTORS:
+    if not catalogue.executor_of(entry).transcribes_files:  # 400, not 500
         raise HttpError(
             400,
             f"model {slug!r} ({entry.executor}) does not transcribe files",

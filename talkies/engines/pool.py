@@ -19,15 +19,10 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field, replace
-from importlib import metadata
-from pathlib import Path
-from types import MappingProxyType
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import anyio
@@ -36,9 +31,9 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from ..config import Settings
-from ..metrics import MODEL_LOAD_SECONDS
 from ..protocol import ErrorCode
 from ..protocol.messages import StartOptions
+from . import catalogue
 from .base import (
     EngineEvent,
     EngineStream,
@@ -48,21 +43,29 @@ from .base import (
     Refusal,
     ResultListener,
 )
-from .isolation.proxy import isolates, load_isolated, load_isolated_speech
-from .runtime import RecognitionModel
+from .loading import AnyModel, Loader, LoadPipeline
 from .runtime.slots import Slot, Slots
-from .supply.download import DownloadError, ensure_snapshot, is_downloaded, source_of
-from .supply.registry import ModelEntry, RegistryError
-from .supply.validate import load_model, validate_in_child
-from .tts.base import SpeechModel
+from .supply.download import is_downloaded, source_of
+from .supply.registry import (
+    ModelEntry,
+    RegistryError,
+    build_registry,
+    local_registry_path,
+    registry_stamp,
+)
+from .supply.wheels import wheels_installed
 
-__all__ = ["AnyModel", "ModelConflict", "ModelPool"]
+__all__ = [
+    "AnyModel",
+    "Loader",
+    "ModelConflict",
+    "ModelPool",
+    "build_registry",
+    "local_registry_path",
+]
 
 log = logging.getLogger("talkies.engines")
 
-Loader = Callable[[ModelEntry, Path, str], LoadedModel]
-# What the pool holds: a recognition model (streams, files) or a speech model (TTS).
-AnyModel = LoadedModel | SpeechModel
 Registry = Callable[[], Mapping[str, ModelEntry]]
 
 
@@ -136,17 +139,16 @@ class ModelPool:
         models: Mapping[str, ModelEntry],
         settings: Settings,
         *,
-        loader: Loader = load_model,
+        loader: Loader = catalogue.load_recognition,
         validate: bool = True,
         local_files_only: bool = False,
         registry: Registry | None = None,
     ) -> None:
         self.settings = settings
-        self._loader = loader
         self._validate = validate
-        self._local_files_only = local_files_only
+        self._pipeline = LoadPipeline(settings, loader=loader, local_files_only=local_files_only)
         self._registry = registry
-        self._registry_stamp = _registry_stamp(settings) if registry is not None else None
+        self._registry_stamp = registry_stamp(settings) if registry is not None else None
         self._states = {slug: self._new_state(entry) for slug, entry in models.items()}
         self._pinned: str | None = None
         self._max_buffered = max(2, int(settings.stream_max_buffer_seconds * 32000) // 2 * 2)
@@ -180,11 +182,11 @@ class ModelPool:
         data_dir = self.settings.data_dir
         for state in self._states.values():
             entry = state.entry
-            if not entry.streaming or state.in_use >= state.slots.limit:
+            if not catalogue.executor_of(entry).streams or state.in_use >= state.slots.limit:
                 continue
             if self._pinned not in (None, entry.slug):
                 continue
-            if is_downloaded(entry, data_dir) or _wheels_installed(entry):
+            if is_downloaded(entry, data_dir) or wheels_installed(entry.wheels):
                 return True
         return False
 
@@ -206,7 +208,8 @@ class ModelPool:
             {
                 "model": slug,
                 "executor": s.entry.executor,
-                "streaming": s.entry.streaming,
+                "kind": catalogue.executor_of(s.entry).kind,
+                "streaming": catalogue.executor_of(s.entry).streams,
                 "source": source_of(s.entry),
                 "downloaded": is_downloaded(s.entry, data_dir),
                 "loaded": s.loaded is not None,
@@ -225,7 +228,7 @@ class ModelPool:
         Without ``force``, only when one of the files changed since the last read."""
         if self._registry is None:
             return []
-        stamp = _registry_stamp(self.settings)
+        stamp = registry_stamp(self.settings)
         if not force and stamp == self._registry_stamp:
             return []
         self._registry_stamp = stamp
@@ -271,7 +274,7 @@ class ModelPool:
     async def open_stream(self, options: StartOptions) -> EngineStream:
         slug = options.model
         state = self._state(slug)
-        if not state.entry.streaming:
+        if not catalogue.executor_of(state.entry).streams:
             raise Refusal(
                 ErrorCode.STREAMING_NOT_SUPPORTED,
                 f"model {slug!r} ({state.entry.executor}) does not support streaming",
@@ -380,10 +383,6 @@ class ModelPool:
     def _start_load(self, state: _State, loading: _Loading) -> None:
         token = anyio.lowlevel.current_token()
         entry = state.entry
-        if entry.executor == "whisper" and "window_seconds" not in entry.options:
-            # The rolling window is the server's buffer (TALKIES_STREAM_MAX_BUFFER_SECONDS).
-            options = {**entry.options, "window_seconds": self.settings.stream_max_buffer_seconds}
-            entry = replace(entry, options=MappingProxyType(options))
 
         def finish(model: AnyModel | None, error: EngineUnavailable | None) -> None:
             # On the event loop.
@@ -401,7 +400,7 @@ class ModelPool:
             model: AnyModel | None = None
             error: EngineUnavailable | None = None
             try:
-                model = self._load(entry, check=self._validate and not state.checked)
+                model = self._pipeline.load(entry, check=self._validate and not state.checked)
             except EngineUnavailable as exc:
                 error = exc
             except BaseException as exc:  # a bug: still a clean 4500, with the cause logged
@@ -414,73 +413,6 @@ class ModelPool:
                     model.close()
 
         threading.Thread(target=work, name=f"talkies-load-{entry.slug}", daemon=True).start()
-
-    def _load(self, entry: ModelEntry, *, check: bool) -> AnyModel:
-        """Fetch, check and load one model (blocking; runs in the load thread). Whatever
-        fails is logged here, once, and reaches every waiting client as a 4500 detail."""
-        try:
-            return self._fetch_check_load(entry, check=check)
-        except EngineUnavailable as exc:
-            cause = exc.__cause__
-            # A loader that raised gets its traceback; a failed download is its message.
-            trace = cause if cause is not None and not isinstance(cause, DownloadError) else None
-            log.error(
-                "model unavailable",
-                extra={"model": entry.slug, "error": str(exc)},
-                exc_info=trace,
-            )
-            raise
-
-    def _fetch_check_load(self, entry: ModelEntry, *, check: bool) -> AnyModel:
-        device = self.settings.device
-        if entry.executor == "parakeet_cpp":
-            from .parakeet import require_runtime
-
-            require_runtime(entry)  # before fetching weights it could not run
-        try:
-            root = ensure_snapshot(
-                entry, self.settings.data_dir, local_files_only=self._local_files_only
-            )
-        except DownloadError as exc:
-            raise EngineUnavailable(str(exc)) from exc
-        began = time.monotonic()
-        if entry.tts:
-            # torch and onnxruntime are native code too: a child process of its own unless
-            # TALKIES_ENGINE_ISOLATION=thread.
-            speech: SpeechModel
-            if isolates(entry, self.settings):
-                speech = load_isolated_speech(entry, root, device, self.settings.data_dir)
-            else:
-                from .tts.loader import load_speech_model
-
-                speech = load_speech_model(entry, root, device, self.settings.data_dir)
-            self._loaded_in(entry, time.monotonic() - began)
-            return speech
-        # The default loader puts a native engine in a child process of its own (isolated.py)
-        # unless TALKIES_ENGINE_ISOLATION=thread; that child is the load check too.
-        isolate = self._loader is load_model and isolates(entry, self.settings)
-        if check and not isolate:
-            validate_in_child(entry, root, device)
-            began = time.monotonic()
-        try:
-            if isolate:
-                model: LoadedModel = load_isolated(entry, root, device)
-            else:
-                model = self._loader(entry, root, device)
-        except EngineUnavailable:
-            raise
-        except Exception as exc:
-            raise EngineUnavailable(f"model {entry.slug!r} could not be loaded: {exc}") from exc
-        if isinstance(model, RecognitionModel):
-            model.rounds.label = entry.slug  # the model label of its decode-round times
-            model.rounds.timeout = self.settings.decode_timeout  # TALKIES_DECODE_TIMEOUT
-        self._loaded_in(entry, time.monotonic() - began)
-        return model
-
-    @staticmethod
-    def _loaded_in(entry: ModelEntry, seconds: float) -> None:
-        log.info("model loaded", extra={"model": entry.slug, "seconds": round(seconds, 3)})
-        MODEL_LOAD_SECONDS.labels(model=entry.slug).observe(seconds)
 
     def _close_later(self, model: AnyModel) -> None:
         threading.Thread(target=model.close, name="talkies-unload", daemon=True).start()
@@ -528,58 +460,3 @@ class ModelPool:
         for state in self._states.values():
             async with state.lock:
                 await self._unload(state)
-
-
-def build_registry(settings: Settings) -> dict[str, ModelEntry]:
-    """Built-in entries, overridden and extended by TALKIES_MODELS_FILE, filtered by
-    TALKIES_ENABLED_MODELS. Raises RegistryError naming every problem."""
-    from .supply.builtin import builtin_models
-    from .supply.registry import RegistryError, load_models_file
-
-    models = builtin_models(settings.data_dir)
-    local = local_registry_path(settings)
-    if local.is_file():  # models registered by `talkies models import-ct2`
-        models.update(load_models_file(local))
-    if settings.models_file is not None:
-        models.update(load_models_file(settings.models_file))
-    if settings.enabled_models is not None:
-        unknown = [s for s in settings.enabled_models if s not in models]
-        if unknown:
-            raise RegistryError(
-                [f"TALKIES_ENABLED_MODELS names unknown models: {', '.join(unknown)}"]
-            )
-        models = {s: models[s] for s in settings.enabled_models}
-    return models
-
-
-def local_registry_path(settings: Settings) -> Path:
-    """Where ``talkies models import-ct2`` records the models it converted."""
-    return settings.data_dir / "models.json"
-
-
-def _registry_stamp(settings: Settings) -> tuple[tuple[int, int] | None, ...]:
-    """What tells whether the models files changed: their mtimes and sizes (None: absent)."""
-    stamps: list[tuple[int, int] | None] = []
-    for path in (settings.models_file, local_registry_path(settings)):
-        try:
-            st = path.stat() if path is not None else None
-        except OSError:
-            st = None
-        stamps.append((st.st_mtime_ns, st.st_size) if st is not None else None)
-    return tuple(stamps)
-
-
-@functools.cache
-def _installed(distribution: str) -> bool:
-    try:
-        metadata.distribution(distribution)
-    except metadata.PackageNotFoundError:
-        return False
-    return True
-
-
-def _wheels_installed(entry: ModelEntry) -> bool:
-    """A wheels entry whose distributions are installed can be prepared offline."""
-    if entry.wheels is None:
-        return False
-    return all(_installed(dist) for f in entry.wheels for dist, _ in f.parts)

@@ -37,9 +37,10 @@ from ..base import (
     TranscriptionRequest,
     Work,
 )
+from ..catalogue import load_recognition as load_model
+from ..catalogue import load_speech
 from ..runtime import RecognitionModel, memory
 from ..supply.registry import ModelEntry, entry_from_json
-from ..supply.validate import load_model
 from ..tts.base import SpeechModel, SpeechRequest
 from .wire import HELLO, reply_for, requests, send
 
@@ -211,10 +212,8 @@ def _load_recognition(
 
 def _load_speech(entry: ModelEntry, root: Path, request: dict[str, Any]) -> SpeechModel | None:
     """The speech model, loaded; None once the hello said why not."""
-    from ..tts.loader import load_speech_model
-
     try:
-        return load_speech_model(entry, root, request["device"], Path(request["data_dir"]))
+        return load_speech(entry, root, request["device"], Path(request["data_dir"]))
     except Exception as exc:
         _not_loaded(exc)
         return None

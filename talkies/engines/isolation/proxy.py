@@ -53,10 +53,10 @@ import anyio
 from ...config import Settings
 from ...protocol import EngineFinal
 from ...protocol.messages import StartOptions
+from .. import catalogue
 from ..base import EngineUpdate, LoadedModel, Recognition, Transcript, TranscriptionRequest, Work
 from ..runtime import RecognitionModel
-from ..supply.registry import ModelEntry
-from ..supply.validate import load_model
+from ..supply.entry import ModelEntry
 from ..tts.base import (
     Emitter,
     SpeechRequest,
@@ -70,7 +70,6 @@ if TYPE_CHECKING:
     from ..runtime.rounds import DecodeRounds
 
 __all__ = [
-    "ISOLATED_EXECUTORS",
     "EngineCrashed",
     "IsolatedFileModel",
     "IsolatedModel",
@@ -83,9 +82,6 @@ __all__ = [
 
 log = logging.getLogger("talkies.engines")
 
-# The executors whose models run in a child with TALKIES_ENGINE_ISOLATION=process (native
-# code: the ASR libraries, and torch and onnxruntime under the speech models).
-ISOLATED_EXECUTORS = frozenset({"sherpa", "vosk", "whisper", "parakeet_cpp", "qwen3_tts", "kokoro"})
 
 _CALL_WAIT = 30.0  # seconds a speech model's voices/validate call may take: else it is hung
 _STOP_POLL = 0.05  # how often a call waiting for the child looks at its cancel or stop flag
@@ -100,16 +96,16 @@ class EngineCrashed(RuntimeError):
 
 def isolates(entry: ModelEntry, settings: Settings) -> bool:
     """Whether ``entry`` is loaded in a child process under ``settings``."""
-    return settings.engine_isolation == "process" and entry.executor in ISOLATED_EXECUTORS
+    return settings.engine_isolation == "process" and catalogue.executor_of(entry).isolated
 
 
 def load_engine(entry: ModelEntry, root: Path, device: str, settings: Settings) -> LoadedModel:
     """What the pool's default loader does: :func:`load_isolated` where :func:`isolates`,
-    else :func:`~talkies.engines.supply.validate.load_model` in this process (for servers that wrap
+    else :func:`~talkies.engines.catalogue.load_recognition` in this process (for servers that wrap
     the loader, e.g. to add models of their own)."""
     if isolates(entry, settings):
         return load_isolated(entry, root, device)
-    return load_model(entry, root, device)
+    return catalogue.load_recognition(entry, root, device)
 
 
 def load_isolated(

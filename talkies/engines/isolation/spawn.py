@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base import EngineUnavailable
-from ..supply.registry import ModelEntry
+from ..supply.entry import ModelEntry
 from ..supply.validate import entry_json
 from .wire import HELLO
 

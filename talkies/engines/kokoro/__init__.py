@@ -28,13 +28,16 @@ from pathlib import Path
 from typing import Any
 
 from ..base import EngineUnavailable
+from ..catalogue import Executor
 from ..options import int_option
+from ..supply.entry import ModelEntry
 from ..supply.wheels import WheelFile
 from ..tts.base import (
     SAMPLE_RATE,
     Emitter,
     SpeechError,
     SpeechErrorKind,
+    SpeechModel,
     SpeechRequest,
     SpeechStream,
     check_request,
@@ -45,6 +48,7 @@ from ..tts.base import (
 
 __all__ = [
     "DEFAULT_VOICE_ALIASES",
+    "EXECUTORS",
     "KOKORO_JA_FILES",
     "LANGUAGES",
     "MODEL_FILE",
@@ -52,6 +56,7 @@ __all__ = [
     "VOICES_FILE",
     "KokoroSpeechModel",
     "load",
+    "load_entry",
 ]
 
 log = logging.getLogger("talkies.engines")
@@ -272,3 +277,23 @@ def load(
         return KokoroSpeechModel(kokoro, language=language, voice_aliases=aliases, name=name)
     except ValueError as exc:
         raise EngineUnavailable(f"model {name!r}: {exc}") from None
+
+
+def _device(device: str) -> str:
+    """TALKIES_DEVICE for this runtime: ``auto`` is the GPU when it can use one."""
+    if device != "auto":
+        return device
+    try:
+        ort = importlib.import_module("onnxruntime")
+    except ImportError:
+        return "cpu"  # the load names the missing package
+    return "cuda" if "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
+
+
+def load_entry(entry: ModelEntry, root: Path, device: str, data_dir: Path) -> SpeechModel:
+    """The catalogue's loader: :func:`load` for a registry entry."""
+    device = _device(device)
+    return load(root, entry.options, device, name=entry.slug)
+
+
+EXECUTORS = (Executor(name="kokoro", kind="tts", isolated=True, load_speech=load_entry),)

@@ -46,6 +46,7 @@ dictionary has it. Others are refused with ``invalid_language``. A model without
 decodes its one language whatever is asked.
 """
 
+from ..catalogue import Executor
 from .model import (
     ModelHeader,
     ParakeetModel,
@@ -61,6 +62,7 @@ from .model import (
 from .native import FEED_BYTES, FEED_SAMPLES, PACKAGE, RuntimeMissing, require_runtime, runtime
 
 __all__ = [
+    "EXECUTORS",
     "FEED_BYTES",
     "FEED_SAMPLES",
     "PACKAGE",
@@ -78,3 +80,15 @@ __all__ = [
     "require_runtime",
     "runtime",
 ]
+
+EXECUTORS = (
+    Executor(
+        name="parakeet_cpp",
+        kind="asr",
+        streams=True,
+        transcribes_files=True,
+        isolated=True,
+        load_recognition=load,
+        preflight=require_runtime,  # before fetching weights it could not run
+    ),
+)

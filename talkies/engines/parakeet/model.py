@@ -28,7 +28,7 @@ from ..base import (
     transcribe_recognition,
 )
 from ..runtime import RecognitionModel
-from ..supply.registry import ModelEntry
+from ..supply.entry import ModelEntry
 from .gguf_meta import GGUFError, read_metadata
 from .native import (
     _NATIVE_LOCK,

@@ -17,7 +17,7 @@ from ..base import (
     EngineUnavailable,
 )
 from ..supply.builtin import DEFAULT_MODEL
-from ..supply.registry import ModelEntry
+from ..supply.entry import ModelEntry
 
 log = logging.getLogger("talkies.engines")
 

@@ -31,9 +31,10 @@ from typing import Any
 from ...protocol.messages import StartOptions
 from ..base import EngineUnavailable, Transcript, TranscriptionRequest
 from ..base import transcribe_recognition as _transcribe
+from ..catalogue import Executor
 from ..runtime import RecognitionModel
 from ..runtime.rounds import DecodeRounds
-from ..supply.registry import SHERPA_FACTORIES, ModelEntry
+from ..supply.entry import ModelEntry
 from .config import SherpaOptions, recognizer_kwargs, select_provider
 from .decoder import (
     BatchedSherpaRecognition,
@@ -45,11 +46,14 @@ from .decoder import (
 )
 
 __all__ = [
+    "EXECUTORS",
+    "SHERPA_FACTORIES",
     "BatchedSherpaRecognition",
     "SherpaModel",
     "SherpaOptions",
     "SherpaRecognition",
     "StreamDecoder",
+    "check_entry",
     "load",
     "recognizer_kwargs",
     "select_provider",
@@ -60,6 +64,24 @@ log = logging.getLogger("talkies.engines")
 
 # Bytes of PCM per accept() in a whole-file transcription: 0.1 s.
 _FILE_STEP = 3200
+# The OnlineRecognizer constructors an entry's recognizer_factory may name.
+SHERPA_FACTORIES = frozenset(
+    {"from_transducer", "from_paraformer", "from_wenet_ctc", "from_zipformer2_ctc"}
+)
+
+
+def check_entry(entry: ModelEntry) -> list[str]:
+    """The registry's checks of the fields only sherpa entries take."""
+    where = f"model {entry.slug!r}"
+    out = []
+    if not entry.sherpa_config:
+        out.append(f"{where}: sherpa_config must be a non-empty object")
+    if entry.recognizer_factory not in SHERPA_FACTORIES:
+        out.append(
+            f"{where}: recognizer_factory must be one of "
+            f"{', '.join(sorted(SHERPA_FACTORIES))}, got {entry.recognizer_factory!r}"
+        )
+    return out
 
 
 def load(entry: ModelEntry, root: Path, device: str) -> SherpaModel:
@@ -155,3 +177,16 @@ class SherpaModel(RecognitionModel):
         # Streams still open keep the native recognizer alive through their references.
         self._closed = True
         log.info("sherpa model closed", extra={"model": self.slug})
+
+
+EXECUTORS = (
+    Executor(
+        name="sherpa",
+        kind="asr",
+        streams=True,
+        transcribes_files=True,
+        isolated=True,
+        load_recognition=load,
+        check_entry=check_entry,
+    ),
+)

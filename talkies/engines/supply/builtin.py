@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import MappingProxyType
 
-from .registry import ModelEntry
+from .entry import ModelEntry
 from .wheels import WheelFile
 
 __all__ = ["BUILTIN_MODELS", "DEFAULT_MODEL", "WHISPER_BASE_WHEELS", "builtin_models"]

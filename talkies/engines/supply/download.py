@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Any
 
-from .registry import ModelEntry, is_https_url
+from .entry import ModelEntry, is_https_url
 
 __all__ = [
     "MAX_ARCHIVE_BYTES",

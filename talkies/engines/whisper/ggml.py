@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..base import EngineUnavailable
-from ..supply.registry import ModelEntry
+from ..supply.entry import ModelEntry
 from .config import RollingConfig
 from .ct2ggml import GGML_MAGIC, Ct2FormatError, Hparams, convert, ggml_tensor_shapes
 

@@ -25,7 +25,7 @@ from ..base import (
     TranscriptionRequest,
 )
 from ..runtime import RecognitionModel
-from ..supply.registry import ModelEntry
+from ..supply.entry import ModelEntry
 from .config import MIN_DECODE_SAMPLES, RollingConfig, encoder_positions, resolve_config
 from .files import file_params, file_segments
 from .ggml import ggml_for, inspect_ggml, model_path
