@@ -37,6 +37,7 @@ from ..engines.tts.base import (
     SynthesisFailed,
 )
 from .http import HttpError, Request, Response, json_response
+from .refusals import http_error
 from .transcribe import acquire_model
 
 __all__ = ["speech_route", "synthesize", "voices_route"]
@@ -103,10 +104,6 @@ async def _parse(request: Request) -> tuple[str, str, SpeechRequest]:
     return slug, fmt, speech
 
 
-def _refused(exc: SpeechError) -> HttpError:
-    return HttpError(400, exc.message, code=exc.kind.value, param=exc.param)
-
-
 class _StreamedSpeech:
     """A response body over a synthesis: its chunks as they come, the slot released exactly
     once when the host closes it (done, failed or the client gone), even if never read."""
@@ -150,7 +147,7 @@ async def _start(
         stream = await model.synthesize(speech, chunk_steps=chunk_steps)  # validates first
     except SpeechError as exc:
         release()
-        raise _refused(exc) from None
+        raise http_error(exc) from None
     except BaseException:
         release()
         raise
@@ -160,7 +157,7 @@ async def _start(
         await stream.aclose()
         release()
         if isinstance(exc, SpeechError):
-            raise _refused(exc) from None
+            raise http_error(exc) from None
         if isinstance(exc, SynthesisFailed):
             raise HttpError(500, str(exc), code="server_error") from None
         raise
@@ -213,7 +210,11 @@ async def speech_route(request: Request, *, pool: ModelPool, chunk_steps: int) -
 async def voices_route(request: Request, *, pool: ModelPool) -> Response:
     slug = (request.query_params().get("model") or [""])[-1]
     if not slug:
-        speech_models = [slug for slug in pool.slugs() if getattr(pool.entry(slug), "tts", False)]
+        speech_models = [
+            entry.slug
+            for entry in map(pool.entry, pool.slugs())
+            if entry is not None and catalogue.executor_of(entry).kind == "tts"
+        ]
         raise HttpError(
             400,
             f"give ?model= one of: {', '.join(speech_models) or 'none configured'}",

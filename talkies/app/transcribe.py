@@ -39,12 +39,12 @@ from ..engines.base import (
     TranscriptionCancelled,
     TranscriptionRequest,
 )
-from ..engines.pool import AnyModel, ModelConflict, ModelPool
+from ..engines.pool import AnyModel, ModelPool
 from ..engines.supply.entry import ModelEntry
-from ..protocol import ErrorCode
 from ..protocol.messages import normalize_language
 from .forms import Form, read_form
 from .http import HttpError, Request, Response
+from .refusals import http_error
 
 if TYPE_CHECKING:
     from .files import FileStore
@@ -64,26 +64,12 @@ log = logging.getLogger("talkies.app")
 _GRANULARITIES = frozenset({"segment", "word"})
 
 
-def _model_error(slug: str, exc: Exception) -> HttpError:
-    if isinstance(exc, ModelConflict):
-        return HttpError(409, str(exc), code="model_busy", param="model")
-    if isinstance(exc, Refusal):
-        if exc.code is ErrorCode.UNKNOWN_MODEL:
-            return HttpError(404, f"unknown model {slug!r}", code="model_not_found", param="model")
-        if exc.code is ErrorCode.CONNECTION_LIMIT:
-            return HttpError(429, exc.detail, code="model_full", param="model")
-        if exc.code is ErrorCode.INVALID_LANGUAGE:
-            return HttpError(400, exc.detail, code="invalid_language", param="language")
-        return HttpError(400, exc.detail, code=exc.code.value, param="model")
-    return HttpError(500, str(exc), code="server_error")
-
-
 async def acquire_model(pool: ModelPool, slug: str) -> tuple[AnyModel, Callable[[], None]]:
     """A slot and the loaded model, with the pool's refusals as HTTP errors."""
     try:
         return await pool.acquire(slug)
-    except (ModelConflict, Refusal, EngineUnavailable) as exc:
-        raise _model_error(slug, exc) from None
+    except (Refusal, EngineUnavailable) as exc:  # (a ModelConflict is a Refusal)
+        raise http_error(exc) from None
 
 
 async def run_transcription(
@@ -199,7 +185,7 @@ async def transcribe_pcm(
         try:
             transcript = await run_transcription(model, pcm, options)
         except Refusal as exc:
-            raise _model_error(slug, exc) from None
+            raise http_error(exc) from None
         except TranscriptionCancelled:
             raise HttpError(499, "the client closed the request") from None
         except Exception as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import math
 import threading
 from collections import deque
@@ -25,6 +26,7 @@ __all__ = [
     "NoModels",
     "Recognition",
     "Refusal",
+    "RefusalKind",
     "ResultListener",
     "StreamProvider",
     "Transcript",
@@ -90,13 +92,47 @@ class BatchRecognition(Recognition, Protocol):
     def decode_many(self, work: Sequence[Work]) -> None: ...
 
 
-class Refusal(Exception):
-    """The provider will not open this stream; ``code`` is the contract's error code."""
+class RefusalKind(enum.Enum):
+    """Why an engine or the pool refuses. The first five are the live-ASR contract's own error
+    codes (a stream closes with the spec's close code for each); every kind also has one HTTP
+    status. Both mappings are written once, in :mod:`talkies.app.refusals`."""
 
-    def __init__(self, code: ErrorCode, detail: str) -> None:
-        super().__init__(f"{code.value}: {detail}")
-        self.code = code
+    UNKNOWN_MODEL = "unknown_model"
+    STREAMING_NOT_SUPPORTED = "streaming_not_supported"
+    MODEL_BUSY = "model_busy"  # another model is pinned by streams
+    CONNECTION_LIMIT = "connection_limit"  # the model's slots are full
+    INVALID_LANGUAGE = "invalid_language"
+    MODEL_IN_USE = "model_in_use"  # unloading a model that streams or requests use
+    INVALID_INPUT = "invalid_input"  # empty or over-long text, a bad speed or language
+    UNKNOWN_VOICE = "unknown_voice"
+    UNSUPPORTED = "unsupported"  # valid for the API, but not something this model can do
+
+
+class Refusal(Exception):
+    """An engine or the pool will not do what was asked: the one refusal of ``engines/``.
+
+    ``kind`` says why; ``detail`` is written for the client; ``field`` names the request field
+    at fault (None: the request as a whole). ``kind`` may be given as the contract's
+    :class:`~talkies.protocol.ErrorCode` of the same name.
+    """
+
+    def __init__(
+        self, kind: RefusalKind | ErrorCode, detail: str, *, field: str | None = None
+    ) -> None:
+        kind = kind if isinstance(kind, RefusalKind) else RefusalKind(kind.value)
+        super().__init__(f"{kind.value}: {detail}")
+        self.kind = kind
         self.detail = detail
+        self.field = field
+
+    @property
+    def code(self) -> ErrorCode | None:
+        """The contract's error code of the same name, for the kinds a stream can be refused
+        with (None for the others: they are refusals of requests only)."""
+        try:
+            return ErrorCode(self.kind.value)
+        except ValueError:
+            return None
 
 
 class EngineUnavailable(Exception):

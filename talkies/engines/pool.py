@@ -41,6 +41,7 @@ from .base import (
     ListeningStream,
     LoadedModel,
     Refusal,
+    RefusalKind,
     ResultListener,
 )
 from .loading import AnyModel, Loader, LoadPipeline
@@ -69,8 +70,14 @@ log = logging.getLogger("talkies.engines")
 Registry = Callable[[], Mapping[str, ModelEntry]]
 
 
-class ModelConflict(Exception):
-    """The request conflicts with the pinned model (HTTP 409)."""
+class ModelConflict(Refusal):
+    """The request conflicts with the pinned model, or unloads one in use (HTTP 409)."""
+
+    def __init__(self, detail: str, kind: RefusalKind = RefusalKind.MODEL_BUSY) -> None:
+        super().__init__(kind, detail)
+
+    def __str__(self) -> str:
+        return self.detail
 
 
 @dataclass(eq=False)
@@ -427,7 +434,9 @@ class ModelPool:
         """Unload on request; :class:`ModelConflict` while the model is pinned or in use."""
         state = self._state(slug)
         if self._pinned == slug or state.in_use:
-            raise ModelConflict(f"model {slug!r} is in use by {state.in_use} requests")
+            raise ModelConflict(
+                f"model {slug!r} is in use by {state.in_use} requests", RefusalKind.MODEL_IN_USE
+            )
         async with state.lock:
             await self._unload(state)
 

@@ -13,9 +13,8 @@ from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ...protocol import ErrorCode
-from ..base import Refusal, TranscriptionCancelled
-from ..tts.base import SpeechError, SpeechErrorKind, SynthesisFailed
+from ..base import Refusal, RefusalKind, TranscriptionCancelled
+from ..tts.base import SpeechError, SynthesisFailed
 
 __all__ = ["HELLO", "reply_for", "requests", "send", "value_of"]
 
@@ -30,23 +29,23 @@ def value_of(reply: tuple[Any, ...]) -> Any:
     if kind == "ok":
         return reply[1]
     if kind == "refusal":
-        raise Refusal(ErrorCode(reply[1]), reply[2])
+        raise Refusal(RefusalKind(reply[1]), reply[2], field=reply[3])
     if kind == "cancelled":
         raise TranscriptionCancelled(reply[1])
     if kind == "speech_error":
-        raise SpeechError(SpeechErrorKind(reply[1]), reply[2], param=reply[3])
+        raise SpeechError(RefusalKind(reply[1]), reply[2], param=reply[3])
     raise RuntimeError(reply[1])
 
 
 def reply_for(exc: Exception) -> tuple[Any, ...]:
     """The reply for what a model call raised in the child (the other side of
     :func:`value_of`); an unexpected exception is logged there."""
+    if isinstance(exc, SpeechError):
+        return ("speech_error", exc.kind.value, exc.detail, exc.field)
     if isinstance(exc, Refusal):
-        return ("refusal", exc.code.value, exc.detail)
+        return ("refusal", exc.kind.value, exc.detail, exc.field)
     if isinstance(exc, TranscriptionCancelled):
         return ("cancelled", str(exc))
-    if isinstance(exc, SpeechError):
-        return ("speech_error", exc.kind.value, exc.message, exc.param)
     if not isinstance(exc, SynthesisFailed):  # that one was logged where it was raised
         log.exception("engine call failed")
     return ("error", f"{type(exc).__name__}: {exc}")

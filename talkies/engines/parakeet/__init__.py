@@ -20,7 +20,7 @@ bound with ctypes on the library handle the ``parakeet`` module loaded (``parake
 the package's one private name used here: the functions themselves are public C API).
 
 parakeet.cpp computes every graph on one process-global ggml backend; its C API does not say
-that two threads may use it at once, so all native calls take :data:`_NATIVE_LOCK`: streams of
+that two threads may use it at once, so all native calls take :data:`NATIVE_LOCK`: streams of
 one server decode one call at a time.
 
 **A stream.** Audio reaches the runtime in blocks of :data:`FEED_SAMPLES` (80 ms, one encoder

@@ -31,10 +31,10 @@ from ..runtime import RecognitionModel
 from ..supply.entry import ModelEntry
 from .gguf_meta import GGUFError, read_metadata
 from .native import (
-    _NATIVE_LOCK,
     FEED_BYTES,
-    _require,
-    _Runtime,
+    NATIVE_LOCK,
+    LoadedRuntime,
+    require_loaded,
 )
 
 log = logging.getLogger("talkies.engines")
@@ -156,7 +156,7 @@ def load(entry: ModelEntry, root: Path, device: str) -> LoadedModel:
     options = ParakeetOptions.parse(entry.slug, entry.options)
     path = model_file(entry.slug, root, options)
     header = read_header(entry.slug, path)
-    loaded = _require(entry)
+    loaded = require_loaded(entry)
     where = f"model {entry.slug!r}"
     if device not in ("auto", "cuda"):
         log.info(
@@ -166,7 +166,7 @@ def load(entry: ModelEntry, root: Path, device: str) -> LoadedModel:
             device,
         )
     began = time.monotonic()
-    with _NATIVE_LOCK:
+    with NATIVE_LOCK:
         try:
             native = loaded.module.Model(str(path))
         except loaded.module.ParakeetError as exc:
@@ -187,7 +187,7 @@ def load(entry: ModelEntry, root: Path, device: str) -> LoadedModel:
 class ParakeetModel(RecognitionModel):
     """A loaded GGUF; its streams are :class:`ParakeetRecognition` objects."""
 
-    def __init__(self, slug: str, native: Any, loaded: _Runtime, header: ModelHeader) -> None:
+    def __init__(self, slug: str, native: Any, loaded: LoadedRuntime, header: ModelHeader) -> None:
         self.slug = slug
         self.header = header
         self._native: Any = native  # parakeet.Model
@@ -231,7 +231,7 @@ class ParakeetModel(RecognitionModel):
     def close(self) -> None:
         native, self._native = self._native, None
         if native is not None:
-            with _NATIVE_LOCK:
+            with NATIVE_LOCK:
                 native.close()
 
 
@@ -338,7 +338,7 @@ class ParakeetRecognition:
         if self._stream is None:
             language = self._language.encode() if self._language is not None else None
             ctx = self._model.handle
-            with _NATIVE_LOCK:
+            with NATIVE_LOCK:
                 stream = self._runtime.begin(ctx, language)
                 if not stream:
                     raise RuntimeError(
@@ -350,7 +350,7 @@ class ParakeetRecognition:
     def _call(self, samples: np.ndarray | None) -> _Step:
         """Feed ``samples`` (None: finalise) and parse what the runtime returns."""
         stream = self._native()
-        with _NATIVE_LOCK:
+        with NATIVE_LOCK:
             if samples is None:
                 result = self._runtime.finalize(stream)
             else:
@@ -407,7 +407,7 @@ class ParakeetRecognition:
         self._closed = True
         stream, self._stream = self._stream, None
         if stream is not None:
-            with _NATIVE_LOCK:
+            with NATIVE_LOCK:
                 self._runtime.free_stream(stream)
         self._pending.clear()
 

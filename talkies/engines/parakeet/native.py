@@ -27,7 +27,8 @@ FEED_BYTES = 2 * FEED_SAMPLES
 PACKAGE = "parakeet-cpp-cuda"
 # The streaming JSON documents carry "events" from ABI 5 on.
 _MIN_ABI = 5
-_NATIVE_LOCK = threading.Lock()
+# Every call into libparakeet (one process-global ggml backend: see the package docstring).
+NATIVE_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +63,7 @@ class RuntimeMissing(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class _Runtime:
+class LoadedRuntime:
     """The ``parakeet`` module and the C functions streams use."""
 
     module: ModuleType
@@ -122,7 +123,7 @@ def _bind(lib: Any, name: str, restype: Any, *argtypes: Any) -> Any:
     return function
 
 
-def _load_runtime() -> _Runtime:
+def _load_runtime() -> LoadedRuntime:
     try:
         version = importlib.metadata.version(PACKAGE)
     except importlib.metadata.PackageNotFoundError:
@@ -152,7 +153,7 @@ def _load_runtime() -> _Runtime:
             f"(ABI {_MIN_ABI} or later; {PACKAGE}==0.2.2 has it)"
         )
     void_p, char_p, float_p = ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_float)
-    return _Runtime(
+    return LoadedRuntime(
         module=module,
         version=version,
         abi=abi,
@@ -171,11 +172,11 @@ class _Once:
     it."""
 
     lock = threading.Lock()
-    loaded: _Runtime | None = None
+    loaded: LoadedRuntime | None = None
     missing: str | None = None
 
 
-def runtime() -> _Runtime:
+def runtime() -> LoadedRuntime:
     """The loaded runtime, loading it on first use; :class:`RuntimeMissing` if it cannot be."""
     with _Once.lock:
         if _Once.loaded is None:
@@ -189,7 +190,9 @@ def runtime() -> _Runtime:
         return _Once.loaded
 
 
-def _require(entry: ModelEntry) -> _Runtime:
+def require_loaded(entry: ModelEntry) -> LoadedRuntime:
+    """The loaded runtime, or :class:`EngineUnavailable` naming what is missing and the model
+    that works here instead."""
     try:
         return runtime()
     except RuntimeMissing as exc:
@@ -202,5 +205,5 @@ def _require(entry: ModelEntry) -> _Runtime:
 def require_runtime(entry: ModelEntry) -> str:
     """The runtime's version, or :class:`EngineUnavailable` naming what is missing (the pool
     asks before it fetches a model's files)."""
-    loaded = _require(entry)
+    loaded = require_loaded(entry)
     return f"{PACKAGE} {loaded.version} (libparakeet ABI {loaded.abi})"

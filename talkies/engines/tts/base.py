@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import importlib
 import logging
 import threading
@@ -29,6 +28,8 @@ from typing import Any, Protocol
 import anyio
 import numpy as np
 import numpy.typing as npt
+
+from ..base import Refusal, RefusalKind
 
 __all__ = [
     "API_SPEED_RANGE",
@@ -70,22 +71,28 @@ class SpeechRequest:
     language: str | None = None  # None: the model's default ("auto" for Qwen3)
 
 
-class SpeechErrorKind(enum.Enum):
-    """Why a request was refused; every kind is the client's fault (HTTP 400)."""
-
-    INVALID_INPUT = "invalid_input"  # empty or over-long text, bad speed or language
-    UNKNOWN_VOICE = "unknown_voice"
-    UNSUPPORTED = "unsupported"  # valid for the API, but not something this model can do
+# The kinds a speech request is refused with (invalid_input, unknown_voice, unsupported): the
+# engines' one vocabulary (every one is the client's fault, HTTP 400).
+SpeechErrorKind = RefusalKind
 
 
-class SpeechError(Exception):
-    """A refused request. ``message`` is written for the client; ``param`` names the field."""
+class SpeechError(Refusal):
+    """A refused speech request: a :class:`~talkies.engines.base.Refusal` whose ``message``
+    (its detail) is written for the client and whose ``param`` (its field) names the field."""
 
-    def __init__(self, kind: SpeechErrorKind, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-        self.param = param
+    def __init__(self, kind: RefusalKind, message: str, *, param: str | None = None) -> None:
+        super().__init__(kind, message, field=param)
+
+    def __str__(self) -> str:
+        return self.detail
+
+    @property
+    def message(self) -> str:
+        return self.detail
+
+    @property
+    def param(self) -> str | None:
+        return self.field
 
 
 class SynthesisFailed(RuntimeError):
