@@ -121,8 +121,30 @@ async def test_pinning_eviction_and_slots(tmp_path: Path) -> None:
     assert pool.in_use("a") == 1 and pool.pinned == "a"
     await a2.aclose()
     assert pool.in_use("a") == 0 and pool.pinned is None
-    b = await pool.open_stream(_opts("b"))  # the first stream of b evicts a
-    assert loads.log == ["load a", "close a", "load b"]
+    b = await pool.open_stream(_opts("b"))  # the first stream of b evicts a, once b loaded
+    assert loads.log == ["load a", "load b", "close a"]
+    assert pool.loaded() == ["b"]
+    await b.aclose()
+
+
+async def test_a_model_that_fails_to_load_evicts_nothing(tmp_path: Path) -> None:
+    """Issue 21 (11): the spec's client naming a model that cannot run here (parakeet.cpp
+    without its runtime, a loader that fails) must not unload the models that work."""
+    loads = Loads()
+    pool = _pool(tmp_path, loads)
+    a = await pool.open_stream(_opts("a"))
+    await a.aclose()
+    with pytest.raises(EngineUnavailable, match=r"parakeet\.cpp runtime"):
+        await pool.open_stream(_opts("nemo"))
+    assert pool.loaded() == ["a"] and pool.pinned is None
+    loads.fail = True
+    with pytest.raises(EngineUnavailable, match="weights are corrupt"):
+        await pool.open_stream(_opts("b"))
+    assert pool.loaded() == ["a"] and pool.pinned is None
+    assert loads.log == ["load a", "load b"]
+    loads.fail = False
+    b = await pool.open_stream(_opts("b"))  # b loads (its failure was not kept), then a goes
+    assert loads.log == ["load a", "load b", "load b", "close a"]
     assert pool.loaded() == ["b"]
     await b.aclose()
 

@@ -367,25 +367,32 @@ class ModelPool:
                 "model's engine process ended; loading it again", extra={"model": state.entry.slug}
             )
             self._close_later(dead)
+        started = False
         while state.loaded is None:
             loading = state.loading
             if loading is None:
                 async with state.lock:  # not while this model is being unloaded
                     if state.loaded is not None or state.loading is not None:
                         continue
-                    if evict_others:
-                        for other in self._states.values():
-                            idle = other.loaded is not None and other.in_use == 0
-                            if other is not state and idle:
-                                await self._unload(other)
                     loading = state.loading = _Loading()
                     self._start_load(state, loading)
+                    started = True
             # Waiting is cancellable: a client that leaves frees its slot now; the load goes
             # on in its thread and is kept for the next stream.
             await loading.done.wait()
             if loading.error is not None:
-                raise loading.error
-        return state.loaded
+                raise loading.error  # the models already loaded stay loaded
+        model = state.loaded
+        if started and evict_others:
+            # Only now that the replacement has loaded: a model that fails to load (one that
+            # cannot run on this machine) must not cost the loaded ones their place.
+            for other in self._states.values():
+                idle = other.loaded is not None and other.in_use == 0
+                if other is not state and idle:
+                    async with other.lock:
+                        if other.loaded is not None and other.in_use == 0:
+                            await self._unload(other)
+        return model
 
     def _start_load(self, state: _State, loading: _Loading) -> None:
         token = anyio.lowlevel.current_token()
