@@ -50,6 +50,7 @@ from wsproto.connection import Connection, ConnectionState, ConnectionType
 from wsproto.events import CloseConnection, Ping, Pong, TextMessage
 from wsproto.frame_protocol import CloseReason
 
+from talkies.app.driver import StreamDriver
 from talkies.engines.base import EngineEvent, Refusal
 from talkies.engines.runtime.slots import Slots
 from talkies.protocol import (
@@ -66,7 +67,6 @@ from talkies.protocol import (
 )
 from talkies.protocol.audit import InvariantViolation, SessionAudit
 from talkies.protocol.messages import StartOptions
-from talkies.transport.driver import StreamDriver
 from talkies.transport.ws import WsprotoChannel
 
 __all__ = [

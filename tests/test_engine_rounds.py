@@ -21,11 +21,11 @@ from typing import Any
 import anyio
 import pytest
 
+from talkies.app.driver import StreamDriver
 from talkies.engines.base import EngineEvent, EngineUpdate
 from talkies.engines.runtime import schedule as runner
 from talkies.engines.runtime.rounds import DecodeRounds, ThreadedStream
 from talkies.protocol import EngineFinal, EnginePartial
-from talkies.transport.driver import StreamDriver
 
 from .conftest import run_server
 from .fake_engine import speech

@@ -1,6 +1,8 @@
-"""The HTTP application layer: routes written once, hosted by the standalone server (h11)
-and by any ASGI server (:mod:`talkies.transport.asgi`)."""
+"""The application layer: every route written once (the WebSocket route included), hosted by
+the standalone server (h11) and by any ASGI server (:mod:`talkies.transport.asgi`)."""
 
-from .app import STREAM_PATH, SUBPROTOCOL, TalkiesApp, bearer_ok, websocket_admission
+from .app import TalkiesApp
+from .http import bearer_ok
+from .websocket import STREAM_PATH, SUBPROTOCOL, websocket_admission
 
 __all__ = ["STREAM_PATH", "SUBPROTOCOL", "TalkiesApp", "bearer_ok", "websocket_admission"]

@@ -10,16 +10,14 @@ Admission happens here, in one order, for both hosts:
 4. a body whose declared length passes ``TALKIES_MAX_UPLOAD_BYTES`` → 413 before any of it
    is read; the cap is enforced again on the bytes as they arrive (:class:`Body`).
 
-The WebSocket route is the one thing the hosts do themselves (the upgrade is a transport
-matter); a plain HTTP request to it gets 426 here.
+The WebSocket route's admission is written once too (:mod:`.websocket`); the hosts only
+translate its handshake and frames. A plain HTTP request to it gets 426 here.
 """
 
 from __future__ import annotations
 
-import hmac
-import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,61 +30,27 @@ from ..config import Settings
 from ..engines.base import StreamProvider
 from ..engines.pool import ModelConflict, ModelPool
 from ..engines.runtime.slots import Slots
-from ..protocol import StreamSession
 from .files import FileStore, file_chunks
-from .http import HttpError, PayloadTooLarge, Request, Response, error_response, json_response
+from .http import (
+    HttpError,
+    PayloadTooLarge,
+    Request,
+    Response,
+    bearer_ok,
+    error_response,
+    json_response,
+)
 from .mcp import MCP_PATH, McpEndpoint, request_limit
 from .models import model_rows
 from .speech import speech_route, voices_route
 from .transcribe import transcription_route
+from .websocket import STREAM_PATH, StreamRoute
 
-__all__ = ["STREAM_PATH", "SUBPROTOCOL", "TalkiesApp", "bearer_ok", "websocket_admission"]
+__all__ = ["TalkiesApp"]
 
-log = logging.getLogger("talkies.app")
-
-STREAM_PATH = "/v1/audio/transcriptions/stream"
 _PAGE = Path(__file__).parent / "static" / "index.html"
 
 Handler = Callable[..., Awaitable[Response]]
-
-
-def bearer_ok(headers: Iterable[tuple[bytes, bytes]], token: str | None) -> bool:
-    """``Authorization: Bearer <token>``, compared in constant time. Never the query string."""
-    if token is None:
-        return True
-    for name, value in headers:
-        if name.lower() == b"authorization":
-            scheme, _, credentials = bytes(value).partition(b" ")
-            if scheme.lower() == b"bearer":
-                return hmac.compare_digest(credentials.strip(), token.encode("utf-8"))
-            return False
-    return False
-
-
-# Browsers cannot set Authorization on a WebSocket and the spec forbids tokens in URLs, so a
-# browser may offer the token as a subprotocol beside "talkies" (docs/protocol.md, an
-# extension); the server selects "talkies" and never logs what was offered.
-SUBPROTOCOL = "talkies"
-_BEARER_PROTOCOL = "talkies.bearer."
-
-
-def websocket_admission(
-    headers: Iterable[tuple[bytes, bytes]], subprotocols: Iterable[str], token: str | None
-) -> tuple[bool, str | None]:
-    """(authorized, the subprotocol to select) for a WebSocket handshake. The Authorization
-    header is the primary way; a ``talkies.bearer.<token>`` subprotocol is the browsers' way."""
-    offered = [p.strip() for p in subprotocols]
-    selected = SUBPROTOCOL if SUBPROTOCOL in offered else None
-    headers = list(headers)
-    if any(name.lower() == b"authorization" for name, _ in headers):
-        return bearer_ok(headers, token), selected
-    if token is None:
-        return True, selected
-    for protocol in offered:
-        if protocol.startswith(_BEARER_PROTOCOL) and selected is not None:
-            candidate = protocol[len(_BEARER_PROTOCOL) :].encode("utf-8", "surrogateescape")
-            return hmac.compare_digest(candidate, token.encode("utf-8")), selected
-    return False, selected
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +75,7 @@ class TalkiesApp:
         # Server-wide stream slots (TALKIES_STREAM_MAX_CONNECTIONS), shared by the hosts' WebSocket
         # routes; a stream gives its slot back before its close frame leaves.
         self.stream_slots = Slots(settings.stream_max_connections)
+        self.streams = StreamRoute(settings, provider, self.stream_slots)
         self.files = FileStore(settings.data_dir / "files")
         self.tmp_dir = settings.data_dir / "tmp"
         self.mcp = McpEndpoint(settings, pool=self.pool, files=self.files, tmp_dir=self.tmp_dir)
@@ -159,30 +124,6 @@ class TalkiesApp:
                 tg.cancel_scope.cancel()
         if self.pool is not None:
             await self.pool.aclose()
-
-    # -- streams (the hosts run them; what every stream leaves behind is written here) --------
-
-    def stream_closed(self, session: StreamSession, *, peer: str | None, seconds: float) -> None:
-        """One JSON log line per stream (never the token: nothing from the request head),
-        and the stream's counters."""
-        options = session.options
-        code = session.error.code.value if session.error else None
-        log.info(
-            "stream closed",
-            extra={
-                "peer": peer,
-                "model": options.model if options else None,
-                "outcome": session.outcome,
-                "close_code": int(session.close_code) if session.close_code else None,
-                "error": code,
-                "audio_seconds": session.audio_seconds,
-                "frames": session.frames,
-                "duration": round(seconds, 3),
-            },
-        )
-        metrics.STREAMS.labels(outcome=session.outcome or "", code=code or "").inc()
-        metrics.FRAMES.inc(session.frames)
-        metrics.AUDIO_SECONDS.inc(session.audio_seconds)
 
     # -- requests ----------------------------------------------------------------------------
 

@@ -15,8 +15,9 @@ behind :meth:`talkies.app.TalkiesApp.handle`, so the two hosts cannot answer dif
 
 from __future__ import annotations
 
+import hmac
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -33,6 +34,7 @@ __all__ = [
     "PayloadTooLarge",
     "Request",
     "Response",
+    "bearer_ok",
     "error_response",
     "json_response",
     "reason_phrase",
@@ -48,6 +50,19 @@ def reason_phrase(status: int) -> bytes:
         return HTTPStatus(status).phrase.encode("ascii")
     except ValueError:
         return b""
+
+
+def bearer_ok(headers: Iterable[tuple[bytes, bytes]], token: str | None) -> bool:
+    """``Authorization: Bearer <token>``, compared in constant time. Never the query string."""
+    if token is None:
+        return True
+    for name, value in headers:
+        if name.lower() == b"authorization":
+            scheme, _, credentials = bytes(value).partition(b" ")
+            if scheme.lower() == b"bearer":
+                return hmac.compare_digest(credentials.strip(), token.encode("utf-8"))
+            return False
+    return False
 
 
 class HttpError(Exception):

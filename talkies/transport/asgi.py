@@ -24,31 +24,19 @@ server.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import anyio
 
-from ..app import STREAM_PATH, TalkiesApp, websocket_admission
+from ..app import STREAM_PATH, TalkiesApp
+from ..app.driver import ClientMessage
 from ..app.http import Body, ClientGone, HttpError, Request, Response, error_response
 from ..config import Settings
 from ..engines.base import StreamProvider
 from ..engines.pool import ModelPool
-from ..engines.runtime.slots import Slot
-from ..protocol import (
-    AuthRejected,
-    BinaryReceived,
-    ErrorCode,
-    Input,
-    PeerGone,
-    Refused,
-    StreamSession,
-    TextReceived,
-)
-from .driver import ClientMessage, StreamDriver
+from ..protocol import BinaryReceived, PeerGone, TextReceived
 from .http import HttpLimits
-from .server import session_limits
 
 __all__ = ["TalkiesASGI", "create_app"]
 
@@ -116,7 +104,6 @@ class TalkiesASGI:
         self.settings = settings
         self.provider = provider
         self.app = TalkiesApp(settings, provider)
-        self._limits = session_limits(settings)
         self._close_timeout = close_timeout
         # The standalone server's head and body limits, held here too: hosts bound only an
         # incomplete head (uvicorn served 10,000 headers that arrived in one read) and no host
@@ -262,35 +249,22 @@ class TalkiesASGI:
         if scope["path"] != STREAM_PATH:
             await send({"type": "websocket.close", "code": 1008, "reason": "not found"})
             return
-        authorized, subprotocol = websocket_admission(
-            scope.get("headers", []), scope.get("subprotocols", []), self.settings.auth_token
-        )
-        accept: Message = {"type": "websocket.accept"}
-        if subprotocol is not None:
-            accept["subprotocol"] = subprotocol
-        await send(accept)
-        channel = _AsgiChannel(receive, send)
-        session = StreamSession(self._limits, now=time.monotonic())
-        first: Input | None = None
-        slot: Slot | None = None
-        if not authorized:
-            first = AuthRejected()
-        elif (slot := await self.app.stream_slots.acquire()) is None:
-            first = Refused(
-                code=ErrorCode.CONNECTION_LIMIT,
-                detail=f"the server's limit of {self.settings.stream_max_connections} "
-                "concurrent streams is reached",
-            )
-        driver = StreamDriver(
-            session, channel, self.provider, close_timeout=self._close_timeout, slot=slot
-        )
-        started = time.monotonic()
+
+        async def accept(subprotocol: str | None) -> _AsgiChannel:
+            message: Message = {"type": "websocket.accept"}
+            if subprotocol is not None:
+                message["subprotocol"] = subprotocol
+            await send(message)
+            return _AsgiChannel(receive, send)
+
         client = scope.get("client")
-        try:
-            await driver.run(first)
-        finally:
-            peer = f"{client[0]}:{client[1]}" if client else None
-            self.app.stream_closed(session, peer=peer, seconds=time.monotonic() - started)
+        await self.app.streams.serve(
+            scope.get("headers", []),
+            scope.get("subprotocols", []),
+            accept,
+            peer=f"{client[0]}:{client[1]}" if client else None,
+            close_timeout=self._close_timeout,
+        )
 
 
 def create_app(

@@ -1,8 +1,9 @@
 """The standalone server: anyio TCP (optionally TLS), HTTP/1.1 by h11, WebSockets by wsproto.
 
 One task per TCP connection. HTTP requests are served in a keep-alive loop with a deadline on
-every request head; a valid upgrade on the stream route turns the connection into a
-:class:`~talkies.transport.driver.StreamDriver` for the rest of its life.
+every request head; a valid upgrade on the stream route hands the connection, as a
+:class:`~talkies.transport.ws.WsprotoChannel`, to the app's stream route
+(:class:`~talkies.app.websocket.StreamRoute`) for the rest of its life.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import errno
 import logging
 import socket
 import ssl
-import time
 from collections.abc import Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -23,18 +23,15 @@ import h11
 from anyio.streams.stapled import MultiListener
 from anyio.streams.tls import TLSListener
 
-from ..app import STREAM_PATH, TalkiesApp, bearer_ok, websocket_admission
-from ..app.http import error_response, reason_phrase
+from ..app import STREAM_PATH, TalkiesApp, bearer_ok
+from ..app.http import Request, error_response, reason_phrase
 from ..config import Settings
 from ..engines.base import NoModels, StreamProvider
-from ..engines.runtime.slots import Slot
-from ..protocol import AuthRejected, ErrorCode, Input, Refused, SessionLimits, StreamSession
-from .driver import StreamDriver
 from .h11app import build_request, exchange, send_response
 from .http import HttpLimits, Upgrade, header, read_event, upgrade_problem
 from .ws import SendWatch, WsprotoChannel
 
-__all__ = ["STREAM_PATH", "ListenError", "Server", "ServerOptions", "session_limits"]
+__all__ = ["STREAM_PATH", "ListenError", "Server", "ServerOptions"]
 
 log = logging.getLogger("talkies.transport")
 
@@ -115,14 +112,6 @@ class ServerOptions:
     shutdown_grace: float = 10.0  # how long active streams may finish after SIGTERM
 
 
-def session_limits(settings: Settings) -> SessionLimits:
-    return SessionLimits(
-        max_frame_bytes=settings.stream_max_frame_bytes,
-        max_duration_seconds=settings.stream_max_duration,
-        idle_timeout_seconds=settings.stream_idle_timeout,
-    )
-
-
 class Server:
     """Serve the live-ASR WebSocket route and the HTTP routes of this build."""
 
@@ -139,12 +128,8 @@ class Server:
         self.app = TalkiesApp(settings, self.provider)
         self.options = options if options is not None else ServerOptions()
         self._ssl_context = ssl_context
-        self._limits = session_limits(settings)
-        self._drivers: set[StreamDriver] = set()  # live WebSocket connections (for shutdown)
         self.connections = 0  # open TCP connections, HTTP or WebSocket
         self._idle_http: set[anyio.CancelScope] = set()
-        self._no_streams = anyio.Event()
-        self._no_streams.set()
         self._exchanges = 0  # HTTP requests being answered (for shutdown)
         self._no_exchanges = anyio.Event()
         self._no_exchanges.set()
@@ -196,21 +181,20 @@ class Server:
         """Stop accepting, let streams and HTTP requests in progress finish for ``grace``
         seconds, then close the streams (1001) and drop what is left."""
         grace = self.options.shutdown_grace if grace is None else grace
-        self._stopping = True
+        streams = self.app.streams
+        self._stopping = streams.stopping = True
         if self._accept_scope is not None:
             self._accept_scope.cancel()
         for scope in list(self._idle_http):
             scope.cancel()
         with anyio.move_on_after(grace):
-            await self._no_streams.wait()
+            await streams.wait_none_running()
             await self._no_exchanges.wait()
-        if self._drivers:
-            log.info("closing %d streams after the grace period", len(self._drivers))
-            async with anyio.create_task_group() as tg:
-                for driver in list(self._drivers):
-                    tg.start_soon(driver.shutdown)
+        if streams.running:
+            log.info("closing %d streams after the grace period", streams.running)
+            await streams.shut_down()
             with anyio.move_on_after(self.options.close_timeout + 1):
-                await self._no_streams.wait()
+                await streams.wait_none_running()
         if self._connections is not None:
             self._connections.cancel_scope.cancel()
 
@@ -280,6 +264,14 @@ class Server:
             first = False
             if request is None:
                 return
+            app_request = build_request(
+                conn,
+                stream,
+                request,
+                limits=limits,
+                max_body=self.settings.max_upload_bytes,
+                peer=peer,
+            )
             if len(request.headers) > limits.max_headers:
                 await self._reply_error(conn, stream, 431, "too many headers")
                 return
@@ -293,7 +285,7 @@ class Server:
             if _is_upgrade(request):
                 check = upgrade_problem(request)
                 if isinstance(check, Upgrade):
-                    await self._websocket(conn, stream, request, check)
+                    await self._websocket(conn, stream, app_request, check)
                     return
                 status, message, headers = check
                 response = error_response(status, message, code="upgrade_required", headers=headers)
@@ -308,14 +300,6 @@ class Server:
                     conn, stream, None, response, send_timeout=self.settings.stream_idle_timeout
                 )
             else:
-                app_request = build_request(
-                    conn,
-                    stream,
-                    request,
-                    limits=limits,
-                    max_body=self.settings.max_upload_bytes,
-                    peer=peer,
-                )
                 self._exchanges += 1
                 self._no_exchanges = anyio.Event() if self._exchanges == 1 else self._no_exchanges
                 try:
@@ -343,58 +327,39 @@ class Server:
         self,
         conn: h11.Connection,
         stream: anyio.abc.ByteStream,
-        request: h11.Request,
+        request: Request,
         upgrade: Upgrade,
     ) -> None:
-        offered = (header(request, b"sec-websocket-protocol") or b"").decode("latin-1")
-        authorized, subprotocol = websocket_admission(
-            request.headers, offered.split(",") if offered else [], self.settings.auth_token
-        )
-        headers = list(upgrade.headers)
-        if subprotocol is not None:
-            headers.append((b"sec-websocket-protocol", subprotocol.encode()))
-        await stream.send(
-            conn.send(
-                h11.InformationalResponse(
-                    status_code=101, headers=headers, reason=reason_phrase(101)
+        """The 101 and the WebSocket channel; what the stream is served is the app's."""
+
+        async def accept(subprotocol: str | None) -> WsprotoChannel:
+            headers = list(upgrade.headers)
+            if subprotocol is not None:
+                headers.append((b"sec-websocket-protocol", subprotocol.encode()))
+            await stream.send(
+                conn.send(
+                    h11.InformationalResponse(
+                        status_code=101, headers=headers, reason=reason_phrase(101)
+                    )
                 )
             )
-        )
-        trailing, _closed = conn.trailing_data
-        channel = WsprotoChannel(
-            stream,
-            trailing,
-            read_size=self.options.http.read_size,
-            send_timeout=self.settings.stream_idle_timeout,
-            send_watch=self._send_watch,
-        )
-        session = StreamSession(self._limits, now=time.monotonic())
-        first: Input | None = None
-        slot: Slot | None = None
-        # Spec: a rejected token completes the handshake and closes 4401, no error object.
-        if not authorized:
-            first = AuthRejected()
-        elif self._stopping or (slot := await self.app.stream_slots.acquire()) is None:
-            # Rejected, never queued (spec: "Each stream consumes one slot ...").
-            first = Refused(
-                code=ErrorCode.CONNECTION_LIMIT,
-                detail=f"the server's limit of {self.settings.stream_max_connections} "
-                "concurrent streams is reached",
+            trailing, _closed = conn.trailing_data
+            return WsprotoChannel(
+                stream,
+                trailing,
+                read_size=self.options.http.read_size,
+                send_timeout=self.settings.stream_idle_timeout,
+                send_watch=self._send_watch,
             )
-        driver = StreamDriver(
-            session, channel, self.provider, close_timeout=self.options.close_timeout, slot=slot
+
+        offered = request.header("sec-websocket-protocol")
+        await self.app.streams.serve(
+            request.headers,
+            offered.split(",") if offered else [],
+            accept,
+            peer=request.peer,  # read now: the socket is closed when the stream ends
+            close_timeout=self.options.close_timeout,
         )
-        self._drivers.add(driver)
-        self._no_streams = anyio.Event() if self._no_streams.is_set() else self._no_streams
-        started = time.monotonic()
-        peer = _peer(stream)  # read now: the socket is closed when run() returns
-        try:
-            await driver.run(first)
-        finally:
-            self._drivers.discard(driver)
-            if not self._drivers:
-                self._no_streams.set()
-            self.app.stream_closed(session, peer=peer, seconds=time.monotonic() - started)
 
 
 def _is_upgrade(request: h11.Request) -> bool:

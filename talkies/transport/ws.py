@@ -1,4 +1,4 @@
-"""The driver's :class:`~talkies.transport.driver.Channel` over wsproto and an anyio stream."""
+"""The driver's :class:`~talkies.app.driver.Channel` over wsproto and an anyio stream."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from wsproto.events import (
 from wsproto.frame_protocol import CloseReason
 from wsproto.utilities import LocalProtocolError
 
+from ..app.driver import ClientMessage
 from ..protocol import AudioBatch, BinaryReceived, PeerGone, TextReceived
-from .driver import ClientMessage
 
 __all__ = ["SendWatch", "WsprotoChannel"]
 
@@ -196,7 +196,7 @@ class WsprotoChannel:
         await self._send_event(Message(data=text))
 
     def can_send_now(self) -> bool:
-        """:class:`~talkies.transport.driver.DirectChannel`: a text message can be written
+        """:class:`~talkies.app.driver.DirectChannel`: a text message can be written
         from a plain callback now (an asyncio transport below, no send waiting, nothing in
         its buffer); else the driver sends it from a task, as always."""
         transport = self._transport
