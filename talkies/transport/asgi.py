@@ -189,13 +189,10 @@ class TalkiesASGI:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = self._request(scope, receive)
-        headers, limits = request.headers, self._http_limits
-        size = len(request.method) + len(request.path) + len(request.query) + 12
-        size += sum(len(k) + len(v) + 4 for k, v in headers)
-        if len(headers) > limits.max_headers or size > limits.max_head_bytes:
-            why = "too many headers" if len(headers) > limits.max_headers else "too large"
+        problem = self._http_limits.head_problem(request)
+        if problem is not None:
             response = error_response(
-                431, f"request head {why}", code="http_error", headers=[(b"connection", b"close")]
+                431, problem, code="http_error", headers=[(b"connection", b"close")]
             )
             await self._send_response(send, request, response)
             return

@@ -1,5 +1,5 @@
-"""HTTP/1.1 over h11: limits on what a client may make the server hold, reading events, and
-the WebSocket upgrade check (RFC 6455)."""
+"""HTTP/1.1 over h11: limits on what a client may make the server hold (both hosts' limits),
+reading events, and the WebSocket upgrade check (RFC 6455)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import anyio
 import anyio.abc
 import h11
 from wsproto.utilities import generate_accept_token
+
+from ..app.http import Request
 
 __all__ = ["HttpLimits", "Upgrade", "header", "read_event", "upgrade_problem"]
 
@@ -25,6 +27,24 @@ class HttpLimits:
     keepalive_timeout: float = 60.0  # an idle keep-alive connection is closed after this
     body_timeout: float = 60.0  # a request body that sends nothing for this long is cut off
     read_size: int = 262144
+
+    def head_problem(self, request: Request) -> str | None:
+        """Why ``request``'s head is refused with 431, or None; both hosts ask here.
+
+        Measured on the parsed head, so the limits hold however its bytes arrived: h11 bounds
+        only a head that arrives incomplete, and ASGI hosts bound only that too (uvicorn
+        served 10,000 headers that arrived in one read)."""
+        headers = request.headers
+        if len(headers) > self.max_headers:
+            return "too many headers"
+        # The request line ("GET /path?query HTTP/1.1\r\n") and "name: value\r\n" lines.
+        size = len(request.method) + len(request.path) + 12
+        if request.query:
+            size += len(request.query) + 1
+        size += sum(len(k) + len(v) + 4 for k, v in headers)
+        if size > self.max_head_bytes:
+            return "request head too large"
+        return None
 
 
 def header(request: h11.Request, name: bytes) -> bytes | None:

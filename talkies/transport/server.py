@@ -272,15 +272,9 @@ class Server:
                 max_body=self.settings.max_upload_bytes,
                 peer=peer,
             )
-            if len(request.headers) > limits.max_headers:
-                await self._reply_error(conn, stream, 431, "too many headers")
-                return
-            # h11 bounds only heads that arrive incomplete; a whole one read at once is
-            # measured here, so the limit holds however the bytes were split.
-            size = len(request.method) + len(request.target) + 12
-            size += sum(len(k) + len(v) + 4 for k, v in request.headers)
-            if size > limits.max_head_bytes:
-                await self._reply_error(conn, stream, 431, "request head too large")
+            problem = limits.head_problem(app_request)
+            if problem is not None:
+                await self._reply_error(conn, stream, 431, problem)
                 return
             if _is_upgrade(request):
                 check = upgrade_problem(request)
