@@ -24,14 +24,13 @@ server.
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
 
 import anyio
 
 from ..app import STREAM_PATH, TalkiesApp
+from ..app.asgi import Message, Receive, Scope, Send, request_from_scope, send_response
 from ..app.driver import ClientMessage
-from ..app.http import Body, ClientGone, HttpError, Request, Response, error_response
+from ..app.http import ClientGone, error_response
 from ..config import Settings
 from ..engines.base import StreamProvider
 from ..engines.pool import ModelPool
@@ -39,11 +38,6 @@ from ..protocol import BinaryReceived, PeerGone, TextReceived
 from .http import HttpLimits
 
 __all__ = ["TalkiesASGI", "create_app"]
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 
 class _AsgiChannel:
@@ -136,65 +130,22 @@ class TalkiesASGI:
                 pass
         await send({"type": "lifespan.shutdown.complete"})
 
-    # -- HTTP: translation to and from the application layer ------------------------------
-
-    def _request(self, scope: Scope, receive: Receive) -> Request:
-        headers = [(bytes(k).lower(), bytes(v)) for k, v in scope.get("headers", [])]
-        raw_path = scope.get("raw_path") or scope["path"].encode("utf-8")
-        declared: int | None = None
-        has_body = False
-        for name, value in headers:
-            if name == b"content-length":
-                has_body = True
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = None
-            elif name == b"transfer-encoding":
-                has_body = True
-        if not has_body:
-            declared = 0
-        ended = False
-
-        async def receive_chunk() -> bytes:
-            nonlocal ended
-            while True:
-                if ended:
-                    return b""
-                try:
-                    with anyio.fail_after(self._http_limits.body_timeout):
-                        message = await receive()
-                except TimeoutError:
-                    raise HttpError(408, "the request body stalled") from None
-                if message["type"] == "http.disconnect":
-                    raise ClientGone()
-                chunk = bytes(message.get("body", b""))
-                if not message.get("more_body", False):
-                    ended = True
-                if chunk:
-                    return chunk
-
-        body = Body(receive_chunk, limit=self.settings.max_upload_bytes, declared=declared)
-        if declared == 0:
-            body.complete.set()
-        client = scope.get("client")
-        return Request(
-            method=scope["method"],
-            path=bytes(raw_path).decode("latin-1"),
-            query=bytes(scope.get("query_string", b"")).decode("latin-1"),
-            headers=headers,
-            body=body,
-            peer=f"{client[0]}:{client[1]}" if client else None,
-        )
+    # -- HTTP: translation to and from the application layer (talkies.app.asgi) -----------
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        request = self._request(scope, receive)
-        problem = self._http_limits.head_problem(request)
+        limits = self._http_limits
+        request = request_from_scope(
+            scope,
+            receive,
+            max_body=self.settings.max_upload_bytes,
+            body_timeout=limits.body_timeout,
+        )
+        problem = limits.head_problem(request)
         if problem is not None:
             response = error_response(
                 431, problem, code="http_error", headers=[(b"connection", b"close")]
             )
-            await self._send_response(send, request, response)
+            await send_response(send, request, response)
             return
 
         async def watch(cancel: anyio.CancelScope) -> None:
@@ -208,34 +159,10 @@ class TalkiesASGI:
             tg.start_soon(watch, tg.cancel_scope)
             try:
                 response = await self.app.handle(request)
-                await self._send_response(send, request, response)
+                await send_response(send, request, response)
             except ClientGone:
                 pass
             tg.cancel_scope.cancel()
-
-    @staticmethod
-    async def _send_response(send: Send, request: Request, response: Response) -> None:
-        headers = list(response.headers)
-        body = response.body
-        if isinstance(body, bytes) and not any(k == b"content-length" for k, _ in headers):
-            headers.append((b"content-length", str(len(body)).encode()))
-        head_only = request.method == "HEAD"
-        try:
-            await send(
-                {"type": "http.response.start", "status": response.status, "headers": headers}
-            )
-            if isinstance(body, bytes):
-                await send({"type": "http.response.body", "body": b"" if head_only else body})
-                return
-            if not head_only:
-                async for chunk in body:
-                    if chunk:
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
-        except OSError:
-            return  # the client is gone (hosts raise a ClientDisconnected, an OSError)
-        finally:
-            await response.close_body()
 
     # -- WebSocket ---------------------------------------------------------------------------
 
