@@ -1,6 +1,7 @@
-"""Transports: sockets, timers and queues around the pure protocol core.
+"""Transports: sockets and frames around the app layer, which they only translate to.
 
-- :mod:`.driver` runs one :class:`~talkies.protocol.StreamSession` over any message channel.
-- :mod:`.ws` is that channel over wsproto; :mod:`.http` and :mod:`.server` the anyio server.
-- :mod:`.asgi` is the same session inside any ASGI server.
+- :mod:`.tcp`, :mod:`.http`, :mod:`.h11app` and :mod:`.server` are the standalone anyio server;
+  :mod:`.ws` is its WebSocket channel over wsproto, for the app's stream route
+  (:mod:`talkies.app.websocket`, which runs :class:`~talkies.app.driver.StreamDriver`).
+- :mod:`.asgi` hosts the same routes inside any ASGI server.
 """

@@ -29,6 +29,7 @@ from ..config import Settings
 from ..engines.base import NoModels, StreamProvider
 from .h11app import build_request, exchange, send_response
 from .http import HttpLimits, Upgrade, header, read_event, upgrade_problem
+from .tcp import TcpStream, accept_tcp, on_asyncio
 from .ws import SendWatch, WsprotoChannel
 
 __all__ = ["STREAM_PATH", "ListenError", "Server", "ServerOptions"]
@@ -58,7 +59,8 @@ _ACCEPT_RETRY_SECONDS = 0.1
 
 
 class _SteadyListener(anyio.abc.Listener[anyio.abc.SocketStream]):
-    """A TCP listener that outlives running out of file descriptors.
+    """A TCP listener that outlives running out of file descriptors, and on asyncio makes
+    its connections itself (:mod:`.tcp`: their asyncio transports are the server's to use).
 
     anyio's own serve loop lets an ``EMFILE`` from accept() escape, which ended the whole
     server the moment a client flood (or a slow leak) reached the descriptor limit. Here
@@ -67,13 +69,18 @@ class _SteadyListener(anyio.abc.Listener[anyio.abc.SocketStream]):
     """
 
     def __init__(self, inner: anyio.abc.SocketListener) -> None:
-        self._inner = inner
+        self._inner = inner  # anyio's: it bound the socket, and closes it
+        own = on_asyncio()
+        self._socket = inner.extra(anyio.abc.SocketAttribute.raw_socket) if own else None
 
     async def accept(self) -> anyio.abc.SocketStream:
         exhausted = False
         while True:
             try:
-                stream = await self._inner.accept()
+                if self._socket is not None:
+                    stream: anyio.abc.SocketStream = await accept_tcp(self._socket)
+                else:
+                    stream = await self._inner.accept()
             except OSError as exc:
                 if exc.errno not in _ACCEPT_EXHAUSTED:
                     raise
@@ -344,6 +351,9 @@ class Server:
                 read_size=self.options.http.read_size,
                 send_timeout=self.settings.stream_idle_timeout,
                 send_watch=self._send_watch,
+                # Plain TCP only: under TLS the stream encrypts, and the transport must not
+                # be written to around it.
+                transport=stream.transport if isinstance(stream, TcpStream) else None,
             )
 
         offered = request.header("sec-websocket-protocol")

@@ -92,6 +92,7 @@ class WsprotoChannel:
         read_size: int = 65536,
         send_timeout: float = 30.0,
         send_watch: SendWatch | None = None,
+        transport: asyncio.WriteTransport | None = None,
     ) -> None:
         self._stream = stream
         self._ws = Connection(ConnectionType.SERVER, trailing_data=trailing_data)
@@ -111,10 +112,10 @@ class WsprotoChannel:
         self._watch = send_watch
         self._sending_since: float | None = None  # when the send in progress started
         self._watched = False  # registered with the watch (at the first send)
-        # anyio's asyncio socket stream writes to an asyncio transport; with it a text message
-        # can be written from a plain callback (send_text_now). Any other stream: never.
-        transport = getattr(stream, "_transport", None)
-        self._transport = transport if isinstance(transport, asyncio.WriteTransport) else None
+        # The asyncio transport ``stream`` writes to, when the server holds it (plain TCP,
+        # talkies.transport.tcp): with it a text message can be written from a plain callback
+        # (send_text_now). Without it: never.
+        self._transport = transport
 
     async def receive(self) -> list[ClientMessage]:
         """Every message (fragment) wsproto parsed from the next read; PeerGone ends it.
