@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 
 from .. import audio, transcripts
@@ -76,24 +77,33 @@ async def run_transcription(
     model: FileTranscriber, pcm: bytes, request: TranscriptionRequest
 ) -> Transcript:
     """``model.transcribe`` in a worker thread. If the caller is cancelled (the client left),
-    the transcription is told to stop, and this returns only once it has."""
+    the transcription is told to stop, and this returns only once it has stopped, or at once
+    if it never started (a caller cancelled before the thread was handed the work)."""
     cancel = request.cancel
     assert cancel is not None
-    finished = threading.Event()
 
-    def work() -> Transcript:
+    async def stop_when_cancelled() -> None:
         try:
-            return model.transcribe(pcm, request)
+            await anyio.sleep_forever()
         finally:
-            finished.set()
+            cancel.set()  # cancelled with the caller, or at the end (the work is over then)
 
-    try:
-        return await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
-    except anyio.get_cancelled_exc_class():
-        cancel.set()
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(finished.wait)
-        raise
+    failure: Exception | None = None
+    async with anyio.create_task_group() as group:
+        group.start_soon(stop_when_cancelled)
+        try:
+            # Not abandoned on cancel: a cancelled caller waits here for the thread to stop,
+            # so its slot is released only once the engine is done with it.
+            transcript = await anyio.to_thread.run_sync(model.transcribe, pcm, request)
+        except Exception as exc:  # raised below as itself, not in an exception group
+            failure = exc
+        finally:
+            group.cancel_scope.cancel()
+    if failure is not None:
+        # A caller that was cancelled gets its cancellation, not the engine's answer to it.
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        raise failure
+    return transcript
 
 
 def _field(form: Form, name: str) -> str | None:

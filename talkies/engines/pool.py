@@ -336,6 +336,9 @@ class ModelPool:
         Raises :class:`ModelConflict` when another model is pinned, and :class:`Refusal` for
         unknown models and full slots.
         """
+        # A caller cancelled already (a client that left while its upload was decoded) stops
+        # here, before it takes a slot, whatever the path below awaits.
+        await anyio.lowlevel.checkpoint()
         state = self._state(slug)
         await self._wait_for_pinned_to_leave(slug)
         if self._pinned is not None and self._pinned != slug:

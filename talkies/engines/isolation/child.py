@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import replace
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
@@ -46,6 +47,8 @@ from .wire import HELLO, reply_for, requests, send
 
 log = logging.getLogger("talkies.engines")
 
+_EARLY_CANCELS = 1024
+
 
 class _Child:
     """The engine process: the real model and its recognitions, by id."""
@@ -55,6 +58,10 @@ class _Child:
         self._recognitions: dict[int, Recognition] = {}
         self._ids = itertools.count(1)
         self._cancels: dict[int, threading.Event] = {}
+        # Cancels that came before their call was registered (a large request is still being
+        # read on its own connection): the call starts cancelled. Bounded: a cancel for a
+        # call that already ended is forgotten after _EARLY_CANCELS more.
+        self._early: OrderedDict[int, None] = OrderedDict()
         self._lock = threading.Lock()
 
     def serve(self, conn: Connection) -> None:
@@ -97,6 +104,10 @@ class _Child:
         if kind == "cancel":
             with self._lock:
                 event = self._cancels.get(message[1])
+                if event is None:
+                    self._early[message[1]] = None
+                    while len(self._early) > _EARLY_CANCELS:
+                        self._early.popitem(last=False)
             if event is not None:
                 event.set()
             return None
@@ -108,6 +119,9 @@ class _Child:
         cancel = threading.Event()
         with self._lock:
             self._cancels[call] = cancel
+            if call in self._early:
+                del self._early[call]
+                cancel.set()
         try:
             return self.model.transcribe(pcm, replace(request, cancel=cancel))
         finally:
