@@ -63,6 +63,7 @@ from ..protocol import (
     Tick,
 )
 from ..protocol.messages import StartOptions
+from .refusals import stream_refusal
 
 __all__ = ["Channel", "ClientMessage", "DirectChannel", "StreamDriver"]
 
@@ -290,7 +291,7 @@ class StreamDriver:
                 try:
                     outcome = await self._provider.open_stream(options)
                 except Refusal as refusal:
-                    outcome = Refused(code=refusal.code, detail=refusal.detail)
+                    outcome = stream_refusal(refusal)
                 except EngineUnavailable as exc:  # the pool logged the cause, once
                     outcome = EngineFailed(detail=str(exc))
                 except Exception:
