@@ -1,4 +1,4 @@
-"""Native engines in a child process (talkies/engines/isolated.py, TALKIES_ENGINE_ISOLATION).
+"""Native engines in a child process (talkies/engines/isolation/, TALKIES_ENGINE_ISOLATION).
 
 Every test runs the real Korean Vosk model in its real child process, and crashes that
 process the way a native library does (SIGSEGV, SIGABRT, SIGKILL): the stream or request in

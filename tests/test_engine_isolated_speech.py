@@ -1,4 +1,4 @@
-"""Speech models in an engine process (talkies/engines/isolated.py, IsolatedSpeechModel).
+"""Speech models in an engine process (talkies/engines/isolation/, IsolatedSpeechModel).
 
 Every test runs a tiny random-weight Qwen3-TTS (tests/modelgen/qwen3.py) on the real
 ``qwen-tts`` and torch in its real child process: the same PCM as the model in this process,

@@ -7,7 +7,7 @@ sent over the wire, not the words.
 
 Vosk dithers its features with the C library's process-wide ``rand()``, so the same audio gives
 slightly different results from run to run unless ``srand`` is given the same seed first (see
-``talkies/engines/vosk.py``). Every comparison here seeds it, and runs one stream at a time.
+``talkies/engines/vosk/``). Every comparison here seeds it, and runs one stream at a time.
 
 The reference is Vosk called directly, in-process: a ``KaldiRecognizer`` fed blocks of
 ``CHUNK_BYTES``, ``Result()`` after each block that ends an utterance, the last partial block,

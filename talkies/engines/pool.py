@@ -363,7 +363,7 @@ class ModelPool:
 
     async def _ensure_loaded(self, state: _State, *, evict_others: bool) -> AnyModel:
         if state.loaded is not None and not getattr(state.loaded, "alive", True):
-            # Its engine process ended (isolated.py): the streams on it have failed; load
+            # Its engine process ended (isolation/): the streams on it have failed; load
             # it again for this one.
             dead, state.loaded = state.loaded, None
             log.error(

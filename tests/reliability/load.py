@@ -226,7 +226,7 @@ class ServerProcess:
 
     def rss_mb(self) -> float:
         """The server's resident memory with its engine processes' (each native model runs
-        in a child of its own: talkies/engines/isolated.py)."""
+        in a child of its own: talkies/engines/isolation/)."""
         total = rss_kib(self.pid)
         for pid in engine_pids(self.pid):
             with suppress(OSError, RuntimeError):  # (one that ended meanwhile)

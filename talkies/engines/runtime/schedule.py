@@ -148,7 +148,7 @@ class RoundScheduler:
 
     def fail_all(self, detail: str) -> None:
         """Fail every open stream of the model that is not inside a round (those fail by their
-        call): their engine is gone (an engine process that ended, isolated.py). Thread-safe:
+        call): their engine is gone (an engine process that ended, isolation/). Thread-safe:
         it runs on the event loop of the streams, which it knows once one has had audio."""
         self.wake_any(lambda: self._fail_all(detail))
 
@@ -342,7 +342,7 @@ class RoundScheduler:
         )
         detail = f"the speech engine did not answer within {self.timeout:g} s"
         for work in hung:
-            # A recognition that can be stopped (one in an engine process: isolated.py) is;
+            # A recognition that can be stopped (one in an engine process: isolation/) is;
             # then its thread returns, instead of staying blocked for good.
             stop = getattr(work.recognition, "abandon", None)
             if callable(stop):
