@@ -42,6 +42,7 @@ from .http import (
 )
 from .mcp import MCP_PATH, McpEndpoint, request_limit
 from .models import model_rows
+from .refusals import http_error
 from .speech import speech_route, voices_route
 from .transcribe import transcription_route
 from .websocket import STREAM_PATH, StreamRoute
@@ -233,8 +234,8 @@ class TalkiesApp:
             raise HttpError(404, f"unknown model {slug!r}", code="model_not_found")
         try:
             await pool.unload(slug)
-        except ModelConflict as exc:
-            raise HttpError(409, str(exc), code="model_in_use") from None
+        except ModelConflict as exc:  # in use: 409 model_in_use
+            raise http_error(exc) from None
         return json_response(200, {"id": slug, "object": "model", "loaded": False})
 
     async def _transcribe(self, request: Request) -> Response:
