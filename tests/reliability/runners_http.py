@@ -20,7 +20,7 @@ import httpx
 
 from talkies.app import websocket_admission
 from talkies.app.app import bearer_ok
-from talkies.app.speech import _refused
+from talkies.app.refusals import http_error
 from talkies.config import Settings
 from talkies.engines.tts.base import SpeechError
 from talkies.engines.tts.voices import CUSTOM_VOICES_DIR, reference_voice
@@ -387,7 +387,7 @@ def _voice_runner(name: str) -> None:
                 found = reference_voice(data, voice)
             except SpeechError as exc:
                 kinds.append(exc.kind.value)
-                statuses.append(_refused(exc).status)  # what POST /v1/audio/speech answers
+                statuses.append(http_error(exc).status)  # what POST /v1/audio/speech answers
             else:
                 kinds.append(f"accepted {voice!r} -> {found.audio}")
         return {"refused": kinds, "status": statuses}
