@@ -40,6 +40,7 @@ from ..tts.base import (
     SpeechModel,
     SpeechRequest,
     SpeechStream,
+    auto_device,
     check_request,
     pcm16,
     start_synthesis,
@@ -279,20 +280,11 @@ def load(
         raise EngineUnavailable(f"model {name!r}: {exc}") from None
 
 
-def _device(device: str) -> str:
-    """TALKIES_DEVICE for this runtime: ``auto`` is the GPU when it can use one."""
-    if device != "auto":
-        return device
-    try:
-        ort = importlib.import_module("onnxruntime")
-    except ImportError:
-        return "cpu"  # the load names the missing package
-    return "cuda" if "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
-
-
 def load_entry(entry: ModelEntry, root: Path, device: str, data_dir: Path) -> SpeechModel:
     """The catalogue's loader: :func:`load` for a registry entry."""
-    device = _device(device)
+    device = auto_device(
+        device, "onnxruntime", lambda ort: "CUDAExecutionProvider" in ort.get_available_providers()
+    )
     return load(root, entry.options, device, name=entry.slug)
 
 

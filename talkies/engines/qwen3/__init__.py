@@ -30,12 +30,11 @@ sampling arguments over the model's ``generation_config.json``; ``{"do_sample": 
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 from ..catalogue import Executor
 from ..supply.entry import ModelEntry
-from ..tts.base import SpeechModel
+from ..tts.base import SpeechModel, auto_device
 from .model import Qwen3SpeechModel, load
 from .options import (
     DEFAULT_VOICE_ALIASES,
@@ -60,20 +59,9 @@ __all__ = [
 ]
 
 
-def _device(device: str) -> str:
-    """TALKIES_DEVICE for this runtime: ``auto`` is the GPU when it can use one."""
-    if device != "auto":
-        return device
-    try:
-        torch = importlib.import_module("torch")
-    except ImportError:
-        return "cpu"  # the load names the missing package
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def load_entry(entry: ModelEntry, root: Path, device: str, data_dir: Path) -> SpeechModel:
     """The catalogue's loader: :func:`load` for a registry entry."""
-    device = _device(device)
+    device = auto_device(device, "torch", lambda torch: bool(torch.cuda.is_available()))
     return load(root, entry.options, device, data_dir, name=entry.slug)
 
 

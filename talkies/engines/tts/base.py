@@ -43,6 +43,7 @@ __all__ = [
     "SpeechStream",
     "SynthesisFailed",
     "SynthesisStopped",
+    "auto_device",
     "check_request",
     "pcm16",
     "start_synthesis",
@@ -102,6 +103,19 @@ class SynthesisFailed(RuntimeError):
 
 class SynthesisStopped(Exception):
     """Raised inside a worker when its stream was closed; unwinds the synthesis."""
+
+
+def auto_device(device: str, runtime: str, has_gpu: Callable[[Any], bool]) -> str:
+    """TALKIES_DEVICE for a speech engine's runtime: ``auto`` is the GPU when ``runtime`` (a
+    module, imported only now) can use one, else the CPU (a missing runtime: the engine's own
+    load names it)."""
+    if device != "auto":
+        return device
+    try:
+        module = importlib.import_module(runtime)
+    except ImportError:
+        return "cpu"
+    return "cuda" if has_gpu(module) else "cpu"
 
 
 def check_request(
