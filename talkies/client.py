@@ -137,7 +137,6 @@ async def _stream(
         start["language"] = language
     closed: ConnectionClosed | None = None
     async with connect(_ws_url(url), additional_headers=_headers(token), max_size=None) as ws:
-        await ws.send(json.dumps(start))
 
         async def send_audio() -> None:
             began = time.monotonic()
@@ -148,12 +147,15 @@ async def _stream(
                     await asyncio.sleep(max(0.0, began + (index + 1) * 0.02 - time.monotonic()))
             await ws.send(json.dumps({"type": "end"}))
 
-        ready = json.loads(await ws.recv())
-        emit(ready)
         sender = None
-        if ready.get("type") == "ready":
-            sender = asyncio.create_task(send_audio())
         try:
+            # A refusal (4401 for a missing token, 4404, 4429, ...) may close the stream
+            # before anything is sent: that is an answer, not a crash.
+            await ws.send(json.dumps(start))
+            ready = json.loads(await ws.recv())
+            emit(ready)
+            if ready.get("type") == "ready":
+                sender = asyncio.create_task(send_audio())
             async for message in ws:
                 emit(json.loads(message))
         except ConnectionClosed as exc:
@@ -164,7 +166,7 @@ async def _stream(
         code = ws.close_code
         reason = ws.close_reason
     if code != 1000:
-        raise ClientError(f"the server closed the stream with {code}: {reason or closed}")
+        raise ClientError(f"{code}: {reason or closed}")
 
 
 def stream(
@@ -258,10 +260,7 @@ def transcribe(
         raise ClientError(f"cannot reach {url}: {exc}") from None
     if response.status_code != 200:
         raise _http_error(response)
-    if response_format == "json":
-        out.write(response.json()["text"] + "\n")
-    else:
-        out.write(response.text if response.text.endswith("\n") else response.text + "\n")
+    out.write(response.text if response.text.endswith("\n") else response.text + "\n")
 
 
 def speak(

@@ -109,8 +109,11 @@ def test_stream_refused_exits_nonzero_with_the_servers_detail(
     unknown = _talkies("stream", str(recording), "--url", running, "--model", "no-such-model")
     assert unknown.returncode == 1
     assert b"unknown_model" in unknown.stderr and b"no-such-model" in unknown.stderr
-    wrong_token = _talkies("stream", str(recording), "--url", running, token="nope")
-    assert wrong_token.returncode == 1 and b"4401" in wrong_token.stderr
+    for token in ("nope", None):  # a wrong token, and none at all (issue 21, point 10)
+        refused = _talkies("stream", str(recording), "--url", running, token=token)
+        assert refused.returncode == 1, refused.stderr
+        assert refused.stderr.startswith(b"talkies: 4401"), refused.stderr
+        assert b"Traceback" not in refused.stderr
 
 
 def test_transcribe(running: str, recording: Path) -> None:
@@ -119,6 +122,8 @@ def test_transcribe(running: str, recording: Path) -> None:
     assert normalize_words(result.stdout.decode()) == GOFORWARD
     srt = _talkies("transcribe", str(recording), "--url", running, "--format", "srt")
     assert b" --> " in srt.stdout
+    as_json = _talkies("transcribe", str(recording), "--url", running, "--format", "json")
+    assert normalize_words(json.loads(as_json.stdout)["text"]) == GOFORWARD  # the JSON itself
     bad = _talkies("transcribe", str(recording), "--url", running, "--model", "nope")
     assert bad.returncode == 1 and bad.stderr.startswith(b"talkies: 404: unknown model")
 
