@@ -211,21 +211,24 @@ class ModelPool:
     def status(self) -> list[dict[str, Any]]:
         """One row per model for ``talkies models list`` and operators' endpoints."""
         data_dir = self.settings.data_dir
-        return [
-            {
-                "model": slug,
-                "executor": s.entry.executor,
-                "kind": catalogue.executor_of(s.entry).kind,
-                "streaming": catalogue.executor_of(s.entry).streams,
-                "source": source_of(s.entry),
-                "downloaded": is_downloaded(s.entry, data_dir),
-                "loaded": s.loaded is not None,
-                "in_use": s.in_use,
-                "max_concurrency": s.slots.limit,
-                "pinned": self._pinned == slug,
-            }
-            for slug, s in self._states.items()
-        ]
+        rows = []
+        for slug, s in self._states.items():
+            executor = catalogue.executor_of(s.entry)
+            rows.append(
+                {
+                    "model": slug,
+                    "executor": s.entry.executor,
+                    "kind": executor.kind,
+                    "streaming": executor.streams,
+                    "source": source_of(s.entry),
+                    "downloaded": is_downloaded(s.entry, data_dir),
+                    "loaded": s.loaded is not None,
+                    "in_use": s.in_use,
+                    "max_concurrency": s.slots.limit,
+                    "pinned": self._pinned == slug,
+                }
+            )
+        return rows
 
     # -- the registry ------------------------------------------------------------------------
 
@@ -390,11 +393,11 @@ class ModelPool:
             # Only now that the replacement has loaded: a model that fails to load (one that
             # cannot run on this machine) must not cost the loaded ones their place.
             for other in self._states.values():
-                idle = other.loaded is not None and other.in_use == 0
-                if other is not state and idle:
-                    async with other.lock:
-                        if other.loaded is not None and other.in_use == 0:
-                            await self._unload(other)
+                if other is state or other.loaded is None:
+                    continue
+                async with other.lock:  # (idle is decided under the lock: it may change)
+                    if other.in_use == 0:
+                        await self._unload(other)
         return model
 
     def _start_load(self, state: _State, loading: _Loading) -> None:
