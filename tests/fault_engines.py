@@ -56,6 +56,8 @@ class FaultRecognition:
                 return
         elif self._accepted < model.after or (model.only and self._n not in model.only):
             return
+        if isinstance(model.raises, Exception):
+            raise model.raises
         if model.raises:
             raise RuntimeError("fault-test engine failed on purpose")
         stats.hung += 1
@@ -88,7 +90,7 @@ class FaultModel(RecognitionModel):
     """A loaded model of the pool whose streams fail after ``after`` bytes of audio (all of
     them, or those numbered in ``only``)."""
 
-    raises = False
+    raises: bool | Exception = False  # an exception: the one the call raises
 
     def __init__(
         self,

@@ -17,6 +17,7 @@ from ..protocol.messages import StartOptions
 __all__ = [
     "BatchRecognition",
     "EngineEvent",
+    "EngineLost",
     "EngineStream",
     "EngineUnavailable",
     "EngineUpdate",
@@ -133,6 +134,14 @@ class Refusal(Exception):
             return ErrorCode(self.kind.value)
         except ValueError:
             return None
+
+
+class EngineLost(RuntimeError):
+    """The engine behind a recognition is gone (its process ended, its model was unloaded).
+
+    ``str(exc)`` is written for the client: a stream whose decode call raises this fails with
+    it as its detail, the same detail it gets when the runtime learns of the end while the
+    stream is paused between calls (the engine process's watcher, isolation/proxy.py)."""
 
 
 class EngineUnavailable(Exception):

@@ -54,7 +54,15 @@ from ...config import Settings
 from ...protocol import EngineFinal
 from ...protocol.messages import StartOptions
 from .. import catalogue
-from ..base import EngineUpdate, LoadedModel, Recognition, Transcript, TranscriptionRequest, Work
+from ..base import (
+    EngineLost,
+    EngineUpdate,
+    LoadedModel,
+    Recognition,
+    Transcript,
+    TranscriptionRequest,
+    Work,
+)
 from ..runtime import RecognitionModel
 from ..supply.entry import ModelEntry
 from ..tts.base import (
@@ -87,7 +95,7 @@ _CALL_WAIT = 30.0  # seconds a speech model's voices/validate call may take: els
 _STOP_POLL = 0.05  # how often a call waiting for the child looks at its cancel or stop flag
 
 
-class EngineCrashed(RuntimeError):
+class EngineCrashed(EngineLost):
     """The model's engine process ended; the model must be loaded again."""
 
 

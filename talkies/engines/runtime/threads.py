@@ -13,7 +13,7 @@ from typing import Any, Generic, TypeVar
 import anyio.lowlevel
 
 from ...protocol import EngineFailed
-from ..base import Work
+from ..base import EngineLost, Work
 from .loop import Callback, later
 
 log = logging.getLogger("talkies.engines")
@@ -212,9 +212,9 @@ def _decode_round(round_: Round[Any]) -> None:
                 if work.pcm and not _renew(round_):
                     return
                 work.events.append(recognition.finish())
-        except Exception:
+        except Exception as exc:
             log.exception("engine failed while decoding")
-            work.events.append(EngineFailed(detail=DECODE_FAILED))
+            work.events.append(EngineFailed(detail=_detail(exc)))
         if not _end(round_):
             return
     for items in groups.values():
@@ -222,13 +222,20 @@ def _decode_round(round_: Round[Any]) -> None:
             return
         try:
             items[0].recognition.decode_many(items)  # type: ignore[attr-defined]
-        except Exception:
+        except Exception as exc:
             log.exception("engine failed while decoding a batch", extra={"streams": len(items)})
             for work in items:
-                work.events.append(EngineFailed(detail=DECODE_FAILED))
+                work.events.append(EngineFailed(detail=_detail(exc)))
                 work.more = False
         if not _end(round_):
             return
+
+
+def _detail(exc: Exception) -> str:
+    """What a stream whose decode call raised ``exc`` is told: the engine's end when it ended
+    (the same words the stream hears when the end is learnt between calls), else only that
+    decoding failed (an engine's own exception text is for the log, not the client)."""
+    return str(exc) if isinstance(exc, EngineLost) else DECODE_FAILED
 
 
 def _begin(round_: Round[Any], works: Sequence[Work]) -> bool:
