@@ -17,7 +17,7 @@ import anyio
 import pytest
 
 from talkies.config import ConfigError, Settings
-from talkies.engines.base import EngineEvent, EngineStream
+from talkies.engines.base import EngineEvent, EngineLost, EngineStream
 from talkies.engines.pool import ModelPool
 from talkies.engines.runtime.rounds import DEFAULT_DECODE_TIMEOUT, DecodeRounds
 from talkies.engines.supply.registry import ModelEntry
@@ -202,12 +202,36 @@ async def test_an_engine_that_raises_is_4500_and_its_slot_is_freed() -> None:
         assert model.stats.opened == model.stats.closed == 2
 
 
-def test_a_hung_engine_is_4500_at_the_deadline_and_its_slot_is_freed() -> None:
+def test_an_engine_that_ended_says_so() -> None:
+    """A decode call that finds its engine gone (EngineLost, e.g. its process was killed)
+    tells the stream how it ended, not just that decoding failed."""
+    model = RaiseModel(after=len(WORD))
+    model.raises = EngineLost("the engine process of model 'raise-test' was killed by SIGKILL")
+    entry = ModelEntry(slug="raise-test", executor="vosk", path=Path("."))
+    pool = ModelPool({"raise-test": entry}, Settings(), loader=lambda *_: model, validate=False)
+    with run_server(provider=pool) as server:
+        ws = open_stream(server.url, model="raise-test")
+        _send(ws, WORD)
+        assert json.loads(ws.recv(timeout=5))["text"] == "w1"
+        _send(ws, WORD)
+        events, code, _ = drain(ws)
+        assert code == 4500 and events[-1]["detail"] == str(model.raises), events
+        server.wait_idle()
+        assert pool.in_use("raise-test") == 0
+
+
+@pytest.mark.parametrize(
+    ("setting", "own"), [(1.0, None), (30.0, 1.0)], ids=["the-setting", "the-entrys-own"]
+)
+def test_a_hung_engine_is_4500_at_the_deadline_and_its_slot_is_freed(
+    setting: float, own: float | None
+) -> None:
+    """The deadline is TALKIES_DECODE_TIMEOUT, or the model entry's ``decode_timeout``."""
     model = HangModel(after=len(WORD))
-    entry = ModelEntry(slug="hang-test", executor="vosk", path=Path("."))
+    entry = ModelEntry(slug="hang-test", executor="vosk", path=Path("."), decode_timeout=own)
     pool = ModelPool(
         {"hang-test": entry},
-        Settings(model_max_concurrency=1, decode_timeout=1.0),
+        Settings(model_max_concurrency=1, decode_timeout=setting),
         loader=lambda *_: model,
         validate=False,
     )

@@ -234,6 +234,10 @@ def test_registry_validation_names_slug_and_field(tmp_path: Path) -> None:
         ({"executor": "vosk"}, "give exactly one of repo + revision, url + sha256, or path"),
         ({"executor": "vosk", "repo": "a/b", "revision": "main"}, "40-hex"),
         ({"executor": "vosk", "path": ".", "max_concurrency": 0}, "max_concurrency"),
+        ({"executor": "vosk", "path": ".", "decode_timeout": 0.5}, "decode_timeout must be"),
+        ({"executor": "vosk", "path": ".", "decode_timeout": 4000}, "decode_timeout must be"),
+        ({"executor": "vosk", "path": ".", "decode_timeout": "9s"}, "'decode_timeout' has the"),
+        ({"executor": "vosk", "path": ".", "decode_timeout": True}, "'decode_timeout' has the"),
         ({"executor": "vosk", "path": ".", "colour": "red"}, "unknown field 'colour'"),
         ({"executor": "vosk", "path": 5}, "field 'path' has the wrong JSON type"),
     ]
@@ -248,7 +252,7 @@ def test_models_file_and_enabled_models(tmp_path: Path) -> None:
         json.dumps(
             {
                 "models": {
-                    "my-vosk": {"executor": "vosk", "path": "vosk"},
+                    "my-vosk": {"executor": "vosk", "path": "vosk", "decode_timeout": 90},
                     "whisper-base": {"executor": "whisper", "path": "w"},  # overrides a built-in
                 }
             }
@@ -257,6 +261,7 @@ def test_models_file_and_enabled_models(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, models_file=models_file)
     registry = build_registry(settings)
     assert registry["my-vosk"].path == (tmp_path / "vosk").resolve()
+    assert registry["my-vosk"].decode_timeout == 90
     assert registry["whisper-base"].path == (tmp_path / "w").resolve()
     assert "sherpa-zipformer-en-left-128" in registry
     assert registry["nemotron-3.5-asr-0.6b"].executor == "parakeet_cpp"

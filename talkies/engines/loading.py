@@ -122,7 +122,8 @@ class LoadPipeline:
             raise EngineUnavailable(f"model {entry.slug!r} could not be loaded: {exc}") from exc
         if isinstance(model, RecognitionModel):
             model.rounds.label = entry.slug  # the model label of its decode-round times
-            model.rounds.timeout = settings.decode_timeout  # TALKIES_DECODE_TIMEOUT
+            # The entry's own deadline, else TALKIES_DECODE_TIMEOUT.
+            model.rounds.timeout = entry.decode_timeout or settings.decode_timeout
         _loaded_in(entry, time.monotonic() - began)
         return model
 

@@ -4,7 +4,8 @@ docs/reliability.md: ``python -m tests.reliability.fault_server [serve options]`
 The command line, signal handling, grace period and lifespan are the product's own
 (``talkies.cli.main``); only the registry differs from ``talkies serve``'s (the pool is built
 by ``ModelPool.from_settings``, replaced here). Settings come from ``TALKIES_*`` as usual
-(the tests set a short ``TALKIES_DECODE_TIMEOUT``). Models:
+(the doubles' entries set a decode deadline of 1 s; the real Vosk model keeps the server's,
+``TALKIES_DECODE_TIMEOUT``, which a slow machine needs). Models:
 
 - ``energy-test``: the energy recognizer of tests/fake_engine.py, behind the real runtime and
   pool (streams and file transcriptions);
@@ -36,13 +37,16 @@ from ..fault_engines import HangModel, RaiseModel, SlowModel
 
 POISON = b"FAULT-TEST"  # audio holding these bytes makes hang-test hang, raise-test raise
 HANG_SECONDS = 60.0  # how long a hung call blocks (its thread is a daemon: exit never waits)
+DEADLINE = 1.0  # the doubles' decode deadline (their entries' decode_timeout)
 DOUBLES = ("energy-test", "hang-test", "raise-test", "slow-test")
 
 
 def registry(settings: Settings) -> dict[str, ModelEntry]:
     here = Path(settings.data_dir)
     models = {
-        slug: ModelEntry(slug=slug, executor="vosk", path=here, max_concurrency=4)
+        slug: ModelEntry(
+            slug=slug, executor="vosk", path=here, max_concurrency=4, decode_timeout=DEADLINE
+        )
         for slug in DOUBLES
     }
     try:

@@ -42,6 +42,9 @@ class ModelEntry:
     recognizer_factory: str | None = None  # sherpa only
     sherpa_config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     max_concurrency: int | None = None  # None: TALKIES_MODEL_MAX_CONCURRENCY
+    # Seconds one decode call may take before its streams fail (None: TALKIES_DECODE_TIMEOUT);
+    # a large model on a slow CPU needs more than a small one on the same server.
+    decode_timeout: float | None = None
     # Engine knobs that are not part of the common schema (whisper refresh period, ...).
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     description: str = ""
@@ -110,6 +113,10 @@ class ModelEntry:
             type(self.max_concurrency) is int and 1 <= self.max_concurrency <= 1024
         ):
             out.append(f"{where}: max_concurrency must be an integer from 1 to 1024")
+        if self.decode_timeout is not None and not (
+            type(self.decode_timeout) in (int, float) and 1.0 <= self.decode_timeout <= 3600.0
+        ):
+            out.append(f"{where}: decode_timeout must be a number of seconds from 1 to 3600")
         return out
 
 

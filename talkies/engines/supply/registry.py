@@ -69,6 +69,7 @@ _FIELDS = {
     "recognizer_factory",
     "sherpa_config",
     "max_concurrency",
+    "decode_timeout",
     "options",
     "description",
 }
@@ -91,6 +92,7 @@ def entry_from_json(slug: str, raw: Any, base: Path) -> tuple[ModelEntry | None,
         "recognizer_factory": str,
         "sherpa_config": dict,
         "max_concurrency": int,
+        "decode_timeout": (int, float),
         "options": dict,
         "description": str,
     }
@@ -117,6 +119,7 @@ def entry_from_json(slug: str, raw: Any, base: Path) -> tuple[ModelEntry | None,
         recognizer_factory=raw.get("recognizer_factory"),
         sherpa_config=MappingProxyType(dict(raw.get("sherpa_config", {}))),
         max_concurrency=raw.get("max_concurrency"),
+        decode_timeout=raw.get("decode_timeout"),
         options=MappingProxyType(dict(raw.get("options", {}))),
         description=raw.get("description", ""),
     )

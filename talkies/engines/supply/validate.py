@@ -35,6 +35,7 @@ def entry_json(entry: ModelEntry, root: Path) -> dict[str, Any]:
         "recognizer_factory": entry.recognizer_factory,
         "sherpa_config": dict(entry.sherpa_config) or None,
         "max_concurrency": entry.max_concurrency,
+        "decode_timeout": entry.decode_timeout,
         "options": dict(entry.options) or None,
         "description": entry.description,
     }
