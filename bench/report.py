@@ -525,8 +525,9 @@ def main() -> int:
     parser.add_argument(
         "--sherpa-onnx-src",
         default=os.environ.get("TALKIES_SHERPA_ONNX_SRC"),
-        help="sherpa-onnx sources (a checkout or a git dir) to run its streaming_server.py; "
-        "default: the fetched mirror when present; none: the reproduction in bench/peers",
+        help="sherpa-onnx sources (a checkout or a git dir) to run its own "
+        "streaming_server.py as the peer; without it (or 'none') the peer is the reproduction "
+        "in bench/peers/sherpa_streaming.py, and the record says which ran",
     )
     parser.add_argument(
         "--render",
@@ -554,11 +555,7 @@ def main() -> int:
         (args.render.parent / f"{stem}.md").write_text(markdown(record, stem))
         return 0
 
-    from bench.report_parts import SHERPA_ONNX_MIRROR
-
-    src = args.sherpa_onnx_src
-    if src is None and SHERPA_ONNX_MIRROR.exists():
-        src = str(SHERPA_ONNX_MIRROR)
+    src = args.sherpa_onnx_src  # explicit only: no folder of one machine is assumed
     if src == "none":
         src = None
     params = parameters(args.quick, src)

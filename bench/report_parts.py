@@ -34,7 +34,6 @@ sys.path.insert(0, str(ROOT))
 
 from bench.ingest import Running, cpu_seconds, env  # noqa: E402
 
-SHERPA_ONNX_MIRROR = Path("/work/.mirror/k2-fsa+sherpa-onnx/repo")
 UPSTREAM_FILES = (
     "python-api-examples/streaming_server.py",
     "python-api-examples/http_server.py",
