@@ -35,7 +35,7 @@ from ..config import Settings
 from ..engines.base import StreamProvider
 from ..engines.pool import ModelPool
 from ..protocol import BinaryReceived, PeerGone, TextReceived
-from .http import HttpLimits
+from .http import HttpLimits, framing_problem
 
 __all__ = ["TalkiesASGI", "create_app"]
 
@@ -140,13 +140,19 @@ class TalkiesASGI:
             max_body=self.settings.max_upload_bytes,
             body_timeout=limits.body_timeout,
         )
-        problem = limits.head_problem(request)
-        if problem is not None:
-            response = error_response(
-                431, problem, code="http_error", headers=[(b"connection", b"close")]
-            )
-            await send_response(send, request, response)
-            return
+        # The same head checks as the standalone server's; "connection: close" has the host
+        # close the connection after the answer (RFC 9112 section 6.1 requires it for a
+        # request framed two ways; the rest of such a body is never read).
+        for status, problem in (
+            (431, limits.head_problem(request)),
+            (400, framing_problem(request)),
+        ):
+            if problem is not None:
+                response = error_response(
+                    status, problem, code="http_error", headers=[(b"connection", b"close")]
+                )
+                await send_response(send, request, response)
+                return
 
         async def watch(cancel: anyio.CancelScope) -> None:
             # Once the body is in, the next message can only be the client leaving.

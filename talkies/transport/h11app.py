@@ -62,7 +62,16 @@ def build_request(
                 )
             )
         while True:
-            event = conn.next_event()
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                # A broken chunked body (a chunk size that is not hex, a chunk not ended by
+                # CRLF where its size says): the client's fault, answered as such, and the
+                # connection closed after the answer (the body was not read to its end).
+                reason = str(exc).partition(":")[0]  # h11's reason, without the bytes
+                raise HttpError(
+                    400, f"malformed request body: {reason}", code="http_error"
+                ) from None
             if event is h11.NEED_DATA:
                 try:
                     with anyio.fail_after(limits.body_timeout):

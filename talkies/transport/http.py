@@ -14,7 +14,7 @@ from wsproto.utilities import generate_accept_token
 
 from ..app.http import Request
 
-__all__ = ["HttpLimits", "Upgrade", "header", "read_event", "upgrade_problem"]
+__all__ = ["HttpLimits", "Upgrade", "framing_problem", "header", "read_event", "upgrade_problem"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -45,6 +45,22 @@ class HttpLimits:
         if size > self.max_head_bytes:
             return "request head too large"
         return None
+
+
+def framing_problem(request: Request) -> str | None:
+    """Why ``request`` is refused with 400 for how its body is framed, or None; both hosts ask
+    here, before anything is read.
+
+    RFC 9112 section 6.1: a request with both ``Transfer-Encoding`` and ``Content-Length`` is
+    what request smuggling is made of (a proxy in front may frame it by the other header), and
+    the server must close the connection after answering it. h11 (the standalone server's
+    parser and uvicorn's) frames it by ``Transfer-Encoding`` alone and kept the connection
+    alive, so a request pipelined behind it was served too. It is refused instead, and the
+    connection closed after the answer."""
+    names = {name for name, _ in request.headers}
+    if b"transfer-encoding" in names and b"content-length" in names:
+        return "a request must not have both Content-Length and Transfer-Encoding"
+    return None
 
 
 def header(request: h11.Request, name: bytes) -> bytes | None:

@@ -28,7 +28,7 @@ from ..app.http import Request, error_response, reason_phrase
 from ..config import Settings
 from ..engines.base import NoModels, StreamProvider
 from .h11app import build_request, exchange, send_response
-from .http import HttpLimits, Upgrade, header, read_event, upgrade_problem
+from .http import HttpLimits, Upgrade, framing_problem, header, read_event, upgrade_problem
 from .tcp import TcpStream, accept_tcp, on_asyncio
 from .ws import SendWatch, WsprotoChannel
 
@@ -282,6 +282,10 @@ class Server:
             problem = limits.head_problem(app_request)
             if problem is not None:
                 await self._reply_error(conn, stream, 431, problem)
+                return
+            problem = framing_problem(app_request)
+            if problem is not None:
+                await self._reply_error(conn, stream, 400, problem)
                 return
             if _is_upgrade(request):
                 check = upgrade_problem(request)
