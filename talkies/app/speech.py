@@ -8,8 +8,9 @@ format, and every Kokoro request, is synthesized whole and then encoded (ffmpeg 
 opus and aac).
 
 Checks come before any audio: the body, the model (404 unknown, 400 not a speech model), the
-format, then a slot from the model's pool (429 full, 409 another model pinned), then the
-model's own checks (voice, input length, speed). The first chunk is awaited before the 200 is
+format, what every model checks (input length, OpenAI's speed range), then a slot from the
+model's pool (429 full, 409 another model pinned; the model loaded if it is not), then the
+model's own checks (voice, its own speed range). The first chunk is awaited before the 200 is
 committed, so a failure at the start of synthesis is still a clean 4xx/5xx.
 
 A streamed response owns its slot until its body is closed: the host closes it when the client
@@ -30,11 +31,13 @@ from .. import audio
 from ..engines import catalogue
 from ..engines.pool import ModelPool
 from ..engines.tts.base import (
+    API_SPEED_RANGE,
     SpeechError,
     SpeechModel,
     SpeechRequest,
     SpeechStream,
     SynthesisFailed,
+    check_request,
 )
 from .http import HttpError, Request, Response, json_response
 from .refusals import http_error
@@ -78,6 +81,8 @@ async def _parse(request: Request) -> tuple[str, str, SpeechRequest]:
         doc = json.loads(raw)
     except (UnicodeDecodeError, ValueError):
         raise HttpError(400, "the body must be a JSON object") from None
+    except RecursionError:  # arrays or objects nested past the interpreter's stack
+        raise HttpError(400, "the body is nested too deeply") from None
     if not isinstance(doc, dict):
         raise HttpError(400, "the body must be a JSON object")
     unknown = sorted(set(doc) - _FIELDS)
@@ -91,13 +96,18 @@ async def _parse(request: Request) -> tuple[str, str, SpeechRequest]:
         choices = ", ".join(audio.SPEECH_FORMATS)
         raise HttpError(400, f"response_format must be one of {choices}", param="response_format")
     speed = doc.get("speed", 1.0)
-    if isinstance(speed, bool) or not isinstance(speed, int | float) or not math.isfinite(speed):
+    if isinstance(speed, bool) or not isinstance(speed, int | float):
         raise HttpError(400, "speed must be a number", param="speed")
+    try:
+        speed = float(speed)
+    except OverflowError:  # an integer of 400 digits: a number, past every float
+        speed = math.inf if speed > 0 else -math.inf
+    # Out of range (infinities and NaN too) is check_request's to refuse, in _start.
     assert slug is not None and text is not None and voice is not None
     speech = SpeechRequest(
         text=text,
         voice=voice,
-        speed=float(speed),
+        speed=speed,
         instructions=_text(doc, "instructions", required=False),
         language=_text(doc, "language", required=False),
     )
@@ -141,6 +151,12 @@ async def _start(
     """A slot, the model's own checks, and the synthesis up to its first chunk (so an error
     at the start is still a clean refusal). The caller owns the stream and the slot."""
     _speech_model(pool, slug)
+    try:
+        # What every model checks (input, OpenAI's speed range), before a slot or a load: a
+        # bad request is a 400 whether or not its model can be loaded.
+        check_request(speech, speed_range=API_SPEED_RANGE)
+    except SpeechError as exc:
+        raise http_error(exc) from None
     loaded, release = await acquire_model(pool, slug)
     model = cast(SpeechModel, loaded)  # a TTS entry's executor loads a speech model
     try:
