@@ -80,9 +80,13 @@ __all__ = [
     "start_message_bytes",
 ]
 
-# Small limits so that every limit is reachable by a short input.
+# Small limits so that every limit is reachable by a short input; the start timeout shorter
+# than the idle one, so that each of the two deadlines can be the one that fires first.
 FUZZ_LIMITS = SessionLimits(
-    max_frame_bytes=4096, max_duration_seconds=1.0, idle_timeout_seconds=5.0
+    max_frame_bytes=4096,
+    max_duration_seconds=1.0,
+    idle_timeout_seconds=5.0,
+    start_timeout_seconds=3.0,
 )
 
 _ERROR_CODES: tuple[ErrorCode, ...] = tuple(ErrorCode)

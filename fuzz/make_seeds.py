@@ -197,6 +197,21 @@ SESSION_SEEDS: dict[str, tuple[Callable[[], ProgramWriter], str]] = {
         ErrorCode.INVALID_JSON.value,
     ),
     "idle_before_start": (lambda: ProgramWriter().tick(4.9).tick(0.2), "idle_timeout"),
+    # A start trickled in fragments never ends: the start timeout (3 s) closes it although
+    # the last fragment came a second ago (issue 21, point 2).
+    "start_trickled_never_finished": (
+        lambda: (
+            ProgramWriter()
+            .text_part(b'{"type":')
+            .tick(1.0)
+            .text_part(b" ")
+            .tick(1.0)
+            .text_part(b" ")
+            .tick(0.9)
+            .tick(0.1)
+        ),
+        ErrorCode.IDLE_TIMEOUT.value,
+    ),
     "idle_while_streaming": (
         lambda: ProgramWriter().start().tick(10).opened().binary(2).tick(4.0).tick(1.0),
         ErrorCode.IDLE_TIMEOUT.value,

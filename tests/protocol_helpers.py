@@ -19,7 +19,12 @@ from talkies.protocol import (
     TextReceived,
 )
 
-LIMITS = SessionLimits(max_frame_bytes=4096, max_duration_seconds=10.0, idle_timeout_seconds=30.0)
+LIMITS = SessionLimits(
+    max_frame_bytes=4096,
+    max_duration_seconds=10.0,
+    idle_timeout_seconds=30.0,
+    start_timeout_seconds=5.0,
+)
 
 START: dict[str, Any] = {
     "type": "start",

@@ -24,10 +24,11 @@ from talkies.protocol import (
     Stats,
     StreamSession,
     TextReceived,
+    Tick,
 )
 from talkies.protocol.audit import SessionAudit
 
-from .protocol_helpers import LIMITS, session_in
+from .protocol_helpers import LIMITS, error_of, session_in, start_text
 from .strategies import client_messages, driver_inputs, input_sequences, transcripts, valid_start
 
 
@@ -198,3 +199,60 @@ def test_an_audio_batch_is_its_frames_one_by_one(frames: list[bytes], split: st.
     assert rest(batched_actions) == rest(one_actions)
     assert (batched.frames, batched.samples, batched.state) == (one.frames, one.samples, one.state)
     assert sum(a.frames for a in batched_actions if isinstance(a, Feed)) == batched.frames
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    accepted_at=st.integers(0, 10**6).map(lambda n: n / 4),
+    idle=st.sampled_from([1.0, 2.0, 30.0]),
+    steps=st.lists(
+        st.tuples(
+            st.one_of(client_messages(), st.just([Tick()])),
+            st.floats(0, 4.99),
+        ),
+        max_size=12,
+    ),
+)
+def test_nothing_the_client_sends_moves_the_start_deadline(
+    accepted_at: float, idle: float, steps: list[tuple[list[Input], float]]
+) -> None:
+    """Issue 21, point 2: whatever arrives before a start is accepted (fragments of one that
+    never ends, refused messages, ticks), the connection is closed 4408 at its start
+    deadline at the latest; a start accepted in time leaves the start deadline behind."""
+    limits = SessionLimits(idle_timeout_seconds=idle, start_timeout_seconds=5.0)
+    s = StreamSession(limits, now=accepted_at)
+    audit = SessionAudit()  # checks deadline <= start_deadline while awaiting start
+    start_deadline = accepted_at + 5.0
+    assert s.start_deadline == start_deadline
+    for items, offset in sorted(steps, key=lambda step: step[1]):
+        for item in items:
+            audit.step(s, item, accepted_at + offset)
+    state = s.state
+    actions = audit.step(s, Tick(), start_deadline)
+    assert s.start_deadline == start_deadline
+    if state is State.AWAITING_START:
+        assert error_of(actions) == ("idle_timeout", 4408)
+        assert s.state is State.CLOSED and not s.stream_held
+    else:
+        assert actions == []  # opening (no timer) or already closed
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    start_at=st.floats(0, 4.99),
+    opened_after=st.floats(0, 100),
+    ticks=st.lists(st.floats(0, 29.99), max_size=6),
+)
+def test_an_accepted_start_is_never_timed_out_by_the_start_deadline(
+    start_at: float, opened_after: float, ticks: list[float]
+) -> None:
+    s = StreamSession(LIMITS, now=0.0)
+    audit = SessionAudit()
+    audit.step(s, TextReceived(data=start_text()), start_at)
+    assert s.state is State.OPENING
+    assert audit.step(s, Tick(), start_at + opened_after) == []  # the server's time
+    opened = start_at + opened_after
+    audit.step(s, EngineOpened(), opened)
+    for at in sorted(ticks):
+        assert audit.step(s, Tick(), opened + at) == []
+    assert s.state is State.STREAMING

@@ -55,6 +55,7 @@ def _inputs(source: str, now: float) -> list[tuple[Input, float]]:
         "MAX_FRAME": LIMITS.max_frame_bytes,
         "MAX_SAMPLES": LIMITS.max_samples,
         "IDLE": idle,
+        "START": LIMITS.start_timeout_seconds,
         "text": lambda s: [TextReceived(data=s)],
         "raw": lambda b: [TextReceived(data=b)],
         "frags": lambda *parts: (

@@ -227,8 +227,8 @@ def test_duration_limit_accepts_exactly_the_limit() -> None:
 
 def test_deadline_follows_the_client_and_pauses_for_the_server() -> None:
     s = StreamSession(LIMITS, now=10.0)
-    assert s.deadline == 40.0
-    s.handle(text(start_text()), 15.0)
+    assert s.deadline == 15.0  # before start: the start deadline, earlier than the idle one
+    s.handle(text(start_text()), 14.0)
     assert s.state is State.OPENING and s.deadline is None
     s.handle(Tick(), 1000.0)
     assert s.pull_actions() == [Open(options=StartOptions(model="tiny-test"))]
@@ -252,6 +252,66 @@ def test_idle_timeout_fires_at_the_deadline() -> None:
     assert s.pull_actions() == []
     s.handle(Tick(), 30.0)
     assert error_of(s.pull_actions()) == ("idle_timeout", 4408)
+
+
+def test_start_deadline_is_fixed_when_the_connection_is_accepted() -> None:
+    # Issue 21, point 2: fragments of a start that never ends (or any other activity) do
+    # not move it, as they move the idle deadline.
+    s = StreamSession(LIMITS, now=10.0)
+    assert s.start_deadline == 15.0
+    for at in (11.0, 13.0, 14.9):
+        s.handle(text('{"type"', final=False), at)
+        assert s.deadline == 15.0
+        s.handle(Tick(), at)
+    assert s.pull_actions() == []
+    s.handle(Tick(), 14.999)
+    assert s.pull_actions() == []
+    s.handle(Tick(), 15.0)
+    actions = s.pull_actions()
+    assert error_of(actions) == ("idle_timeout", 4408)
+    assert events(actions)[0]["detail"] == "no start message within 5 seconds"
+    assert s.outcome == "idle_timeout" and not s.stream_held
+
+
+def test_start_deadline_ends_once_a_start_is_accepted() -> None:
+    s = StreamSession(LIMITS, now=0.0)
+    s.handle(text(start_text()), 4.9)
+    assert s.state is State.OPENING and s.deadline is None
+    s.handle(Tick(), 6.0)  # the model is still opening: the server's time
+    s.handle(EngineOpened(), 8.0)
+    assert s.deadline == 38.0  # the idle timeout alone, from ready
+    s.handle(Tick(), 37.9)
+    assert [type(a) for a in s.pull_actions()] == [Open, Send]  # Open, then ready
+    assert s.state is State.STREAMING
+    assert s.start_deadline == 5.0  # unchanged, and no longer applies
+
+
+def test_an_invalid_start_is_not_accepted() -> None:
+    # A start the parser refuses closes at once (4400): it never counts as accepted.
+    s = StreamSession(LIMITS, now=0.0)
+    assert error_of(feed(s, text(start_text(sample_rate=8000)), now=1.0)) == (
+        "unsupported_sample_rate",
+        4400,
+    )
+
+
+def test_a_shorter_idle_timeout_applies_before_start() -> None:
+    limits = SessionLimits(idle_timeout_seconds=2.0, start_timeout_seconds=5.0)
+    s = StreamSession(limits, now=0.0)
+    assert s.deadline == 2.0
+    s.handle(text("{", final=False), 1.5)  # activity moves the idle deadline only
+    assert s.deadline == 3.5
+    s.handle(text(" ", final=False), 3.4)
+    assert s.deadline == 5.0  # now the start deadline is the earlier
+    s.handle(Tick(), 5.0)
+    actions = s.pull_actions()
+    assert error_of(actions) == ("idle_timeout", 4408)
+    assert events(actions)[0]["detail"] == "no start message within 5 seconds"
+    s = StreamSession(limits, now=0.0)
+    s.handle(Tick(), 2.0)
+    actions = s.pull_actions()
+    assert error_of(actions) == ("idle_timeout", 4408)
+    assert events(actions)[0]["detail"] == "no message from the client for 2 seconds"
 
 
 @pytest.mark.parametrize("state", [s for s in State if s is not State.CLOSED])
@@ -317,6 +377,9 @@ def test_limits_are_validated() -> None:
         SessionLimits(idle_timeout_seconds=float("nan"))
     with pytest.raises(ValueError):
         SessionLimits(max_duration_seconds=0)
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError):
+            SessionLimits(start_timeout_seconds=bad)
 
 
 def test_word_validation() -> None:

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from talkies.protocol import TABLE, Close, Input, Release, Send, State, StreamSession
 from talkies.protocol.table import ALLOWED, Handler, InputKind
 
-from .protocol_helpers import error_of, session_in
+from .protocol_helpers import LIMITS, error_of, session_in
 from .strategies import representative
 
 PAIRS = [(s, k) for s in State for k in InputKind]
@@ -61,7 +61,9 @@ def test_accepting_rules_are_listed_explicitly() -> None:
 
 @pytest.mark.parametrize(("state", "kind"), PAIRS, ids=[f"{s.value}-{k.value}" for s, k in PAIRS])
 @settings(max_examples=25, deadline=None)
-@given(data=st.data(), later=st.sampled_from([0.0, 5.0, 60.0]))
+# Around both timers of a session made at 0 (protocol_helpers.LIMITS): the start deadline
+# (5 s, before start) and the idle one (30 s, while streaming).
+@given(data=st.data(), later=st.sampled_from([0.0, 4.999, 5.0, 29.999, 30.0, 60.0]))
 def test_every_pair_has_its_defined_outcome(
     state: State, kind: InputKind, data: st.DataObject, later: float
 ) -> None:
@@ -69,10 +71,21 @@ def test_every_pair_has_its_defined_outcome(
     s = session_in(state, now=0.0)
     assert s._classify(item)[0] is kind
     held = s.stream_held
+    deadline = s.deadline
     rule = TABLE[state, kind]
     s.handle(item, later)
     actions = s.pull_actions()
     assert s.state in rule.next
+    if kind is InputKind.TICK and state is not State.CLOSED:
+        # The timer's one input: it closes with idle_timeout exactly when a deadline passed.
+        expected = {
+            State.AWAITING_START: LIMITS.start_timeout_seconds,
+            State.STREAMING: LIMITS.idle_timeout_seconds,
+        }.get(state)
+        assert deadline == expected
+        due = deadline is not None and later >= deadline
+        assert error_of(actions) == (("idle_timeout", 4408) if due else None)
+        assert (s.state is State.CLOSED) == due
     if rule.handler is Handler.IGNORE:
         assert actions == []
         return

@@ -113,6 +113,7 @@ class SessionAudit:
         self.actions: list[Action] = []
         self._want_stats = False  # a final was sent: stats must come next
         self._want_close: Close | None = None  # an error or stats was sent: this must come next
+        self._start_deadline: float | None = None  # the session's, as first seen
 
     def _fail(self, message: str) -> NoReturn:
         raise InvariantViolation(f"{message}; actions so far: {self.actions[-12:]!r}")
@@ -246,8 +247,19 @@ class SessionAudit:
             self._fail(f"session.options {session.options} but Open({self.options})")
         if session.stream_held != (self.opens > self.releases):
             self._fail("stream_held disagrees with Open/Release")
-        if (session.deadline is not None) != (session.state in _IDLE_STATES):
-            self._fail(f"deadline {session.deadline} in state {session.state}")
+        deadline = session.deadline
+        if (deadline is not None) != (session.state in _IDLE_STATES):
+            self._fail(f"deadline {deadline} in state {session.state}")
+        # The start deadline is fixed when the connection is accepted; no input moves it, and
+        # before start the timer never runs past it (a trickled start cannot hold a slot).
+        if self._start_deadline is None:
+            self._start_deadline = session.start_deadline
+        elif session.start_deadline != self._start_deadline:
+            self._fail(f"start deadline moved from {self._start_deadline}")
+        if session.state is State.AWAITING_START and not (
+            deadline is not None and deadline <= session.start_deadline
+        ):
+            self._fail(f"deadline {deadline} after the start deadline {session.start_deadline}")
         self._check_error(session.error)
         if session.state is State.CLOSED:
             self.ended = True

@@ -62,8 +62,9 @@ __all__ = ["SessionLimits", "StreamSession"]
 _AUDIO = InputKind.AUDIO
 _AUDIO_PART = InputKind.AUDIO_PART
 _AUDIO_BATCH = InputKind.AUDIO_BATCH
+_AWAITING_START = State.AWAITING_START
+_STREAMING = State.STREAMING
 _CLIENT_INPUTS = (BinaryReceived, TextReceived, AudioBatch)
-_IDLE_STATES = frozenset({State.AWAITING_START, State.STREAMING})
 
 _ENVELOPE_KINDS = {
     MessageType.START: InputKind.START,
@@ -93,11 +94,14 @@ class SessionLimits:
     max_frame_bytes: int = 65536  # TALKIES_STREAM_MAX_FRAME_BYTES
     max_duration_seconds: float = 4 * 3600.0  # TALKIES_STREAM_MAX_DURATION
     idle_timeout_seconds: float = 30.0  # TALKIES_STREAM_IDLE_TIMEOUT
+    # TALKIES_STREAM_START_TIMEOUT: a connection must have sent a valid start this soon
+    # after it was accepted, however its messages trickle in (closed like an idle one, 4408).
+    start_timeout_seconds: float = 5.0
 
     def __post_init__(self) -> None:
         if self.max_frame_bytes < 2:
             raise ValueError("max_frame_bytes must be at least 2")
-        for name in ("max_duration_seconds", "idle_timeout_seconds"):
+        for name in ("max_duration_seconds", "idle_timeout_seconds", "start_timeout_seconds"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive finite number")
@@ -138,6 +142,9 @@ class StreamSession:
         self._actions: list[Action] = []
         self._idle_since = now
         self._now = now
+        # Fixed when the connection is accepted: unlike the idle deadline, no client message
+        # moves it (fragments of a start that never ends would otherwise hold the connection).
+        self.start_deadline = now + self.limits.start_timeout_seconds
         self._stream_held = False
         self._text_parts: bytearray | None = None
         self._audio_parts: list[bytes] | None = None
@@ -179,9 +186,14 @@ class StreamSession:
 
         The idle timeout (spec: 4408) runs between client messages while the client is the
         one expected to talk: before start and while streaming. It is paused while the server
-        opens the model or flushes, which are the server's time, not the client's.
+        opens the model or flushes, which are the server's time, not the client's. Before
+        start, the start deadline applies too, whichever comes first: a connection that has
+        not sent a valid start within the start timeout is closed like an idle one.
         """
-        if self.state in _IDLE_STATES:
+        state = self.state
+        if state is _AWAITING_START:
+            return min(self._idle_since + self.limits.idle_timeout_seconds, self.start_deadline)
+        if state is _STREAMING:
             return self._idle_since + self.limits.idle_timeout_seconds
         return None
 
@@ -424,11 +436,17 @@ class StreamSession:
 
     def _on_tick(self, rule: Rule, event: Input, payload: object) -> None:
         deadline = self.deadline
-        if deadline is not None and self._now >= deadline:
+        if deadline is None or self._now < deadline:
+            return
+        if self.state is _AWAITING_START and self._now >= self.start_deadline:
             raise ProtocolError(
                 ErrorCode.IDLE_TIMEOUT,
-                f"no message from the client for {self.limits.idle_timeout_seconds:g} seconds",
+                f"no start message within {self.limits.start_timeout_seconds:g} seconds",
             )
+        raise ProtocolError(
+            ErrorCode.IDLE_TIMEOUT,
+            f"no message from the client for {self.limits.idle_timeout_seconds:g} seconds",
+        )
 
     def _on_malformed(self, rule: Rule, event: Input, payload: object) -> None:
         assert isinstance(payload, ProtocolError)
