@@ -52,7 +52,7 @@ from wsproto.frame_protocol import CloseReason
 
 from talkies.app.driver import StreamDriver
 from talkies.engines.base import EngineEvent, Refusal
-from talkies.engines.runtime.slots import Slots
+from talkies.engines.runtime.slots import Slot, Slots
 from talkies.protocol import (
     Action,
     EngineEndpoint,
@@ -61,6 +61,7 @@ from talkies.protocol import (
     EnginePartial,
     ErrorCode,
     Input,
+    Refused,
     SessionLimits,
     State,
     StreamSession,
@@ -85,7 +86,10 @@ __all__ = [
 # Small limits so every limit is reachable by a short input; the idle timeout is far beyond
 # one input's run time (ticks are the session harness's job).
 WIRE_LIMITS = SessionLimits(
-    max_frame_bytes=4096, max_duration_seconds=1.0, idle_timeout_seconds=600.0
+    max_frame_bytes=4096,
+    max_duration_seconds=1.0,
+    idle_timeout_seconds=600.0,
+    start_timeout_seconds=600.0,
 )
 HANG_SECONDS = 10.0
 # Byte 0 of an input: bits 0-2 pick how the client's bytes are cut into socket reads (all at
@@ -481,8 +485,13 @@ async def _serve(data: WireInput) -> tuple[MemoryWire, AuditedSession, WireProvi
     session = AuditedSession(WIRE_LIMITS, now=time.monotonic())
     provider = WireProvider()
     slots = Slots(1)
-    slot = await slots.acquire()
-    driver = StreamDriver(session, channel, provider, close_timeout=0.0, slot=slot)
+
+    async def admit() -> Slot | Refused:
+        slot = await slots.acquire()
+        assert slot is not None  # one connection, one slot: never refused
+        return slot
+
+    driver = StreamDriver(session, channel, provider, close_timeout=0.0, admit=admit)
     with anyio.move_on_after(HANG_SECONDS) as scope:
         await driver.run()
     if scope.cancelled_caught:

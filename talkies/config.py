@@ -357,6 +357,9 @@ _VARS: tuple[_Var, ...] = (
         "TALKIES_STREAM_MAX_BUFFER_SECONDS", "stream_max_buffer_seconds", 0.1, _BUFFER_MAX_SECONDS
     ),
     _duration_var("TALKIES_STREAM_IDLE_TIMEOUT", "stream_idle_timeout", 1.0, 3600.0),
+    # A WebSocket that has not sent a valid start this soon after its upgrade is closed
+    # (4408); until its start is accepted it holds no stream slot.
+    _duration_var("TALKIES_STREAM_START_TIMEOUT", "stream_start_timeout", 1.0, 3600.0),
     _duration_var("TALKIES_STREAM_MAX_DURATION", "stream_max_duration", 1.0, 86_400.0),
     # One decode call (accept/finish/decode_many) running longer fails its streams (4500).
     _duration_var("TALKIES_DECODE_TIMEOUT", "decode_timeout", 1.0, 3600.0),
@@ -458,6 +461,7 @@ class Settings:
     stream_max_frame_bytes: int = 65536
     stream_max_buffer_seconds: float = 5.0
     stream_idle_timeout: float = 30.0
+    stream_start_timeout: float = 5.0
     stream_max_duration: float = 14_400.0
     decode_timeout: float = 30.0
     # repr=False: the token must never reach logs via repr() of the settings.
@@ -489,6 +493,7 @@ class Settings:
         for name in (
             "stream_max_buffer_seconds",
             "stream_idle_timeout",
+            "stream_start_timeout",
             "stream_max_duration",
             "decode_timeout",
             "model_ttl",

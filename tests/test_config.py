@@ -38,6 +38,7 @@ def test_defaults() -> None:
     assert s.stream_max_frame_bytes == 65536
     assert s.stream_max_buffer_seconds == 5.0
     assert s.stream_idle_timeout == 30.0
+    assert s.stream_start_timeout == 5.0
     assert s.stream_max_duration == 14_400.0
     assert s.auth_token is None
     assert s.device == "auto"
@@ -245,6 +246,7 @@ def test_buffer_rule_skipped_when_a_side_is_invalid() -> None:
 # --- durations --------------------------------------------------------------------------
 
 IDLE = "TALKIES_STREAM_IDLE_TIMEOUT"
+START = "TALKIES_STREAM_START_TIMEOUT"
 MAXDUR = "TALKIES_STREAM_MAX_DURATION"
 
 
@@ -332,6 +334,19 @@ def test_idle_timeout_accepted(text: str, seconds: float) -> None:
 def test_idle_timeout_rejected(text: str) -> None:
     (problem,) = problems(**{IDLE: text})
     assert problem.startswith(f"{IDLE}={text!r}: {IDLE_RULE}")
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("1", 1.0), ("2.5s", 2.5), ("10s", 10.0), ("1h", 3600.0)]
+)
+def test_start_timeout_accepted(text: str, seconds: float) -> None:
+    assert from_env(**{START: text}).stream_start_timeout == seconds
+
+
+@pytest.mark.parametrize("text", ["0", "500ms", "0.999", "1h1s", "-5", "5x"])
+def test_start_timeout_rejected(text: str) -> None:
+    (problem,) = problems(**{START: text})
+    assert problem.startswith(f"{START}={text!r}: {IDLE_RULE}")
 
 
 @pytest.mark.parametrize(
@@ -587,6 +602,7 @@ _ALL_NAMES = [
     "TALKIES_STREAM_MAX_FRAME_BYTES",
     "TALKIES_STREAM_MAX_BUFFER_SECONDS",
     "TALKIES_STREAM_IDLE_TIMEOUT",
+    "TALKIES_STREAM_START_TIMEOUT",
     "TALKIES_STREAM_MAX_DURATION",
     "TALKIES_DECODE_TIMEOUT",
     "TALKIES_AUTH_TOKEN",
@@ -696,6 +712,8 @@ def test_direct_construction_is_validated() -> None:
     with pytest.raises(ConfigError):
         Settings(stream_max_duration=math.inf)
     with pytest.raises(ConfigError):
+        Settings(stream_start_timeout=0.5)
+    with pytest.raises(ConfigError):
         Settings(port=True)
     with pytest.raises(ConfigError):
         Settings(port="80")  # type: ignore[arg-type]
@@ -713,12 +731,14 @@ def test_construction_normalizes_convenient_spellings() -> None:
     limits = {"a": 2}
     s = Settings(
         stream_idle_timeout=60,
+        stream_start_timeout=3,
         data_dir="/srv/t",  # type: ignore[arg-type]
         enabled_models=["a"],  # type: ignore[arg-type]
         model_concurrency=limits,
     )
     limits["a"] = 5  # the settings keep their own copy
     assert isinstance(s.stream_idle_timeout, float)
+    assert isinstance(s.stream_start_timeout, float)
     assert s.data_dir == Path("/srv/t")
     assert s.enabled_models == ("a",)
     assert s.concurrency_for("a") == 2

@@ -76,6 +76,7 @@ def asgi_host(request: pytest.FixtureRequest) -> Iterator[str]:
         "PYTHONPATH": str(ROOT),
         "TALKIES_AUTH_TOKEN": "tok",
         "TALKIES_STREAM_MAX_CONNECTIONS": "2",
+        "TALKIES_STREAM_START_TIMEOUT": "2s",
     }
     proc = subprocess.Popen(HOSTS[request.param](port), cwd=ROOT, env=env)
     base = f"127.0.0.1:{port}"
@@ -138,6 +139,25 @@ def test_connection_limit(asgi_host: str) -> None:
     c = ws_connect(_url(asgi_host), additional_headers=AUTH)
     events, close, _ = drain(c)
     assert [e["code"] for e in events] == ["connection_limit"] and close == 4429
+    for ws in (a, b):
+        ws.send(json.dumps({"type": "cancel"}))
+        assert drain(ws)[1] == 1000
+
+
+def test_upgrades_that_never_start_hold_no_slot(asgi_host: str) -> None:
+    # Issue 21, point 2, as on the standalone server: no slot until the start is accepted,
+    # and closed 4408 when the start timeout (2 s here) passes without one.
+    idle = [ws_connect(_url(asgi_host), additional_headers=AUTH) for _ in range(3)]
+    started = time.monotonic()
+    a = open_stream(_url(asgi_host), additional_headers=AUTH)
+    b = open_stream(_url(asgi_host), additional_headers=AUTH)
+    for ws in idle:
+        events, close, reason = drain(ws)
+        assert events == [
+            {"type": "error", "code": "idle_timeout", "detail": "no start message within 2 seconds"}
+        ]
+        assert (close, reason) == (4408, "idle_timeout")
+    assert 1.9 <= time.monotonic() - started < 5.0
     for ws in (a, b):
         ws.send(json.dumps({"type": "cancel"}))
         assert drain(ws)[1] == 1000

@@ -83,6 +83,45 @@ def test_connection_limit_rejects_without_queueing() -> None:
         server.wait_idle()
 
 
+def test_upgrades_that_never_start_hold_no_slot() -> None:
+    # Issue 21, point 2: connections without a start count against no limit, and the start
+    # timeout closes them (4408) however long the idle timeout is.
+    with run_server(stream_max_connections=2, stream_start_timeout=1.0) as server:
+        idle = [ws_connect(server.url) for _ in range(3)]
+        started = time.monotonic()
+        a, b = open_stream(server.url), open_stream(server.url)  # both slots: still free
+        assert server.active() == 2
+        for ws in idle:
+            events, code, reason = drain(ws, timeout=5)
+            assert events == [
+                {
+                    "type": "error",
+                    "code": "idle_timeout",
+                    "detail": "no start message within 1 seconds",
+                }
+            ]
+            assert (code, reason) == (4408, "idle_timeout")
+        assert 0.9 <= time.monotonic() - started < 3.0
+        for ws in (a, b):
+            ws.send(json.dumps({"type": "cancel"}))
+            assert drain(ws)[1] == 1000
+        server.wait_idle()
+
+
+def test_a_start_is_refused_when_the_slots_filled_after_its_upgrade() -> None:
+    with run_server(stream_max_connections=1) as server:
+        late = ws_connect(server.url)  # admitted: no started stream holds the slot yet
+        first = open_stream(server.url)  # takes it
+        assert server.active() == 1
+        late.send(json.dumps(START))
+        events, code, _ = drain(late)
+        assert [e["code"] for e in events] == ["connection_limit"] and code == 4429
+        assert server.active() == 1
+        first.send(json.dumps({"type": "cancel"}))
+        assert drain(first)[1] == 1000
+        server.wait_idle()
+
+
 def test_idle_timeout_closes_4408() -> None:
     with run_server(stream_idle_timeout=1.0) as server:
         ws = open_stream(server.url)

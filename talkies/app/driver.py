@@ -13,6 +13,11 @@ A :class:`StreamDriver` owns three activities in one task group:
 - the timer: sleeps until ``session.deadline`` and delivers ``Tick``.
 All three run on the event loop; decoding happens in worker threads behind the engine stream.
 
+Admission: the server-wide ``slot`` is taken through ``admit`` once the session accepted a start
+(its ``Open``), before the model is opened; a connection that has not sent one holds no slot,
+so upgrades that never start cannot keep streams out (the session's start deadline closes
+them).
+
 Slots: by the time a close frame leaves (any code, ours or the answer to the client's), the
 engine stream is closed (after a decode in flight, if any), so its model slot is free, and the
 server-wide ``slot`` is given back. A client that reconnects the instant it sees its close is
@@ -24,6 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Protocol, runtime_checkable
 
 import anyio
@@ -65,10 +71,14 @@ from ..protocol import (
 from ..protocol.messages import StartOptions
 from .refusals import stream_refusal
 
-__all__ = ["Channel", "ClientMessage", "DirectChannel", "StreamDriver"]
+__all__ = ["Admit", "Channel", "ClientMessage", "DirectChannel", "StreamDriver"]
 
 # What a channel delivers: client messages (or fragments), and PeerGone last.
 ClientMessage = AudioBatch | TextReceived | BinaryReceived | PeerGone
+
+# The route's admission of a stream whose start was accepted: the server-wide slot, or the
+# refusal to send instead (never queued for).
+Admit = Callable[[], Awaitable[Slot | Refused]]
 
 # The session's clock. Sleeps are relative, so it need not be the event loop's own clock, and
 # time.monotonic costs far less per frame than anyio.current_time().
@@ -126,13 +136,16 @@ class StreamDriver:
         provider: StreamProvider,
         *,
         close_timeout: float = 5.0,
-        slot: Slot | None = None,
+        admit: Admit | None = None,
     ) -> None:
         self.session = session
         self._channel = channel
         self._provider = provider
         self._close_timeout = close_timeout
-        self._slot = slot  # the server-wide one; the model's is the engine stream's
+        self._admit = admit
+        # The server-wide slot, from admit once a start is accepted; the model's is the
+        # engine stream's.
+        self._slot: Slot | None = None
         self._stream: EngineStream | None = None
         self._closing_stream: EngineStream | None = None
         self._close_started = False
@@ -289,7 +302,13 @@ class StreamDriver:
             with anyio.CancelScope() as scope:
                 self._open_scope = scope
                 try:
-                    outcome = await self._provider.open_stream(options)
+                    admitted = await self._admit() if self._admit is not None else None
+                    if isinstance(admitted, Refused):
+                        outcome = admitted
+                    else:
+                        # Kept at once, no checkpoint between: _let_go gives it back.
+                        self._slot = admitted
+                        outcome = await self._provider.open_stream(options)
                 except Refusal as refusal:
                     outcome = stream_refusal(refusal)
                 except EngineUnavailable as exc:  # the pool logged the cause, once

@@ -9,7 +9,12 @@ decides is here, in one order:
 2. the handshake completed through the host's ``accept``, whatever the verdict: the spec
    closes a bad token with 4401 and a full server with 4429, both after the handshake;
 3. a server-wide slot (``TALKIES_STREAM_MAX_CONNECTIONS``), refused at once, never queued
-   for, and refused to every stream while the server is stopping;
+   for, and refused to every stream while the server is stopping. It is taken only once the
+   connection's start is accepted (:meth:`StreamRoute.admit`, called by the driver): a
+   connection that has not sent one counts against no limit, and is closed with 4408 when
+   ``TALKIES_STREAM_START_TIMEOUT`` passes without one (the session's start deadline). A
+   server already full of started streams refuses an upgrade at once, without waiting for
+   its start;
 4. the :class:`~talkies.app.driver.StreamDriver` over the host's channel, started with the
    refusal when there is one; its close frame leaves only once the stream's slots are free;
 5. one log line and the stream's counters (:meth:`StreamRoute.closed`).
@@ -80,6 +85,7 @@ def session_limits(settings: Settings) -> SessionLimits:
         max_frame_bytes=settings.stream_max_frame_bytes,
         max_duration_seconds=settings.stream_max_duration,
         idle_timeout_seconds=settings.stream_idle_timeout,
+        start_timeout_seconds=settings.stream_start_timeout,
     )
 
 
@@ -116,19 +122,13 @@ class StreamRoute:
         channel = await accept(subprotocol)
         session = StreamSession(self._limits, now=time.monotonic())
         first: Input | None = None
-        slot: Slot | None = None
         # Spec: a rejected token completes the handshake and closes 4401, no error object.
         if not authorized:
             first = AuthRejected()
-        elif self.stopping or (slot := await self.slots.acquire()) is None:
-            # Rejected, never queued (spec: "Each stream consumes one slot ...").
-            first = Refused(
-                code=ErrorCode.CONNECTION_LIMIT,
-                detail=f"the server's limit of {settings.stream_max_connections} "
-                "concurrent streams is reached",
-            )
+        elif self.stopping or self._full():
+            first = self._refusal()
         driver = StreamDriver(
-            session, channel, self.provider, close_timeout=close_timeout, slot=slot
+            session, channel, self.provider, close_timeout=close_timeout, admit=self.admit
         )
         self._drivers.add(driver)
         started = time.monotonic()
@@ -140,6 +140,26 @@ class StreamRoute:
                 self._none_running.set()
                 self._none_running = None
             self.closed(session, peer=peer, seconds=time.monotonic() - started)
+
+    async def admit(self) -> Slot | Refused:
+        """A server-wide slot for a stream whose start was accepted, or its refusal: at once,
+        never queued for (spec: "Each stream consumes one slot ..."), waiting only for a slot
+        already being given back (a client reconnecting the instant its stream closed)."""
+        slot = None if self.stopping else await self.slots.acquire()
+        return self._refusal() if slot is None else slot
+
+    def _full(self) -> bool:
+        """Every slot is held by a started stream and none is being given back: an upgrade
+        is refused at once rather than after its start (a flood is answered, not kept)."""
+        slots = self.slots
+        return slots.held >= slots.limit and not slots.leaving
+
+    def _refusal(self) -> Refused:
+        return Refused(
+            code=ErrorCode.CONNECTION_LIMIT,
+            detail=f"the server's limit of {self.settings.stream_max_connections} "
+            "concurrent streams is reached",
+        )
 
     async def wait_none_running(self) -> None:
         """Return once no stream is being served."""

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import resource
+import select
 import selectors
 import socket
 import subprocess
@@ -268,6 +269,85 @@ def frames_with_head(target: Target) -> Facts:
         sock.close()
         running.wait_idle()
     return {"pings": (1, reader.got.pongs.count(b"early")), "accepted": ready}
+
+
+# -- connections that never start -----------------------------------------------------------
+
+
+def _stream_slots(port: int) -> int:
+    """The host's server-wide limit (TALKIES_STREAM_MAX_CONNECTIONS), from /metrics."""
+    metrics = httpx.get(
+        f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}
+    ).text
+    for line in metrics.splitlines():
+        if line.startswith("talkies_stream_slots "):
+            return int(float(line.split()[1]))
+    raise AssertionError("no talkies_stream_slots in /metrics")
+
+
+def _answered(sock: socket.socket) -> bool:
+    """Whether the server has sent anything (an error, a close) or closed, without waiting."""
+    return bool(select.select([sock], [], [], 0)[0])
+
+
+@runner("ws-no-start", "both")
+def ws_no_start(target: Target) -> Facts:
+    """As many upgrades as the server has stream slots, none of them sending a start; then a
+    client that starts, while they are all still open (issue 21, point 2)."""
+    port, auth, model = _port_and_auth(target)
+    idle: list[tuple[socket.socket, FrameReader, float]] = []
+    for _ in range(_stream_slots(port)):
+        sock, response, rest = upgrade(port, headers=auth)
+        assert response.startswith(b"HTTP/1.1 101"), response
+        idle.append((sock, FrameReader(sock, rest), time.monotonic()))
+    sock, response, rest = upgrade(port, headers=auth)
+    assert response.startswith(b"HTTP/1.1 101"), response
+    sock.sendall(frame(1, _start(model)))
+    reader = FrameReader(sock, rest)
+    try:
+        read_until_ready(reader, timeout=4)
+        served: bool | str = True
+    except AssertionError as exc:
+        served = str(exc)[:300]
+    if served is True and any(_answered(s) for s, _, _ in idle):
+        served = "ready came only after an idle connection was answered"
+    sock.sendall(frame(1, b'{"type":"cancel"}'))
+    reader.pump(timeout=10)
+    sock.close()
+    outcomes, seconds = [], []
+    for idle_sock, idle_reader, upgraded in idle:
+        got = idle_reader.pump(timeout=15)
+        seconds.append(time.monotonic() - upgraded)
+        outcomes.append(got.outcome() if got.close is not None else (0, "open"))
+        idle_sock.close()
+    return {"close": outcomes, "closed_s": max(seconds), "accepted": served}
+
+
+@runner("ws-start-trickle", "both")
+def ws_start_trickle(target: Target) -> Facts:
+    """A start that never ends: a text frame without FIN, then a one-byte continuation every
+    0.5 s (each one moves the idle deadline; the start deadline stays)."""
+    port, auth, _ = _port_and_auth(target)
+    sock, response, rest = upgrade(port, headers=auth)
+    assert response.startswith(b"HTTP/1.1 101"), response
+    started = time.monotonic()
+    reader = FrameReader(sock, rest)
+    with suppress(OSError):
+        sock.sendall(frame(1, b'{"type":', fin=False))
+        # Until the close frame or EOF (a host's own ping is read and passed over).
+        while time.monotonic() - started < 15 and reader.got.close is None:
+            if not select.select([sock], [], [], 0.5)[0]:
+                sock.sendall(frame(0, b" ", fin=False))
+                continue
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            reader.buf += chunk
+            reader.pump(until_close=False)
+    seconds = time.monotonic() - started
+    got = reader.got if reader.got.close is not None else reader.pump(timeout=5)
+    sock.close()
+    return {"close": [got.outcome() if got.close is not None else (0, "open")], "closed_s": seconds}
 
 
 # -- pings ----------------------------------------------------------------------------------

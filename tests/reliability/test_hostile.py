@@ -59,6 +59,8 @@ REQUIRED = {
     "token-in-logs": "tokens never in logs",
     "token-in-metrics": "tokens never in metrics",
     "token-compare": "tokens compared in constant time",
+    "ws-no-start": "issue 21, point 2: upgrades that never send start hold no stream slot",
+    "ws-start-trickle": "issue 21, point 2: a start deadline no message moves",
 }
 
 
