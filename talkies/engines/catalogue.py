@@ -48,6 +48,7 @@ SpeechLoader = Callable[[ModelEntry, Path, str, Path], SpeechModel]
 EntryCheck = Callable[[ModelEntry], list[str]]
 Prepare = Callable[[ModelEntry, Settings], ModelEntry]
 Preflight = Callable[[ModelEntry], object]
+MachineCheck = Callable[[], str | None]
 
 # Folders of this package that are not engines.
 CONCERNS = frozenset({"isolation", "runtime", "supply", "tts"})
@@ -77,6 +78,13 @@ class Executor:
     prepare: Prepare | None = None
     # Before any file is fetched: raises EngineUnavailable when it cannot run on this machine.
     preflight: Preflight | None = None
+    # The PyPI distributions its loader imports: looked up by name, never imported, so a
+    # listing can say which are missing (with the Talkies extra that installs them, or
+    # ``install`` where the extras are not the whole story).
+    requires: tuple[str, ...] = ()
+    install: str | None = None
+    # Why this machine cannot run it, found without loading anything (None: it can).
+    machine_problem: MachineCheck | None = None
 
     def __post_init__(self) -> None:
         if self.kind == "tts" and (self.streams or self.transcribes_files):

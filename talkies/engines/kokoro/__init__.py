@@ -288,4 +288,12 @@ def load_entry(entry: ModelEntry, root: Path, device: str, data_dir: Path) -> Sp
     return load(root, entry.options, device, name=entry.slug)
 
 
-EXECUTORS = (Executor(name="kokoro", kind="tts", isolated=True, load_speech=load_entry),)
+EXECUTORS = (
+    Executor(
+        name="kokoro",
+        kind="tts",
+        isolated=True,
+        load_speech=load_entry,
+        requires=("kokoro-onnx",),  # onnxruntime and espeak-ng come with it
+    ),
+)

@@ -59,7 +59,15 @@ from .model import (
     parse_words,
     read_header,
 )
-from .native import FEED_BYTES, FEED_SAMPLES, PACKAGE, RuntimeMissing, require_runtime, runtime
+from .native import (
+    FEED_BYTES,
+    FEED_SAMPLES,
+    PACKAGE,
+    RuntimeMissing,
+    machine_problem,
+    require_runtime,
+    runtime,
+)
 
 __all__ = [
     "EXECUTORS",
@@ -74,6 +82,7 @@ __all__ = [
     "choose_language",
     "clean_text",
     "load",
+    "machine_problem",
     "model_file",
     "parse_words",
     "read_header",
@@ -90,5 +99,7 @@ EXECUTORS = (
         isolated=True,
         load_recognition=load,
         preflight=require_runtime,  # before fetching weights it could not run
+        requires=(PACKAGE,),
+        machine_problem=machine_problem,
     ),
 )

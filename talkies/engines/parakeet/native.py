@@ -4,9 +4,12 @@ module, and the C entry points bound with ctypes (see the package docstring)."""
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
+import functools
 import importlib
 import importlib.metadata
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,6 +191,32 @@ def runtime() -> LoadedRuntime:
                 _Once.missing = str(exc)
                 raise
         return _Once.loaded
+
+
+@functools.cache
+def _driver_found() -> bool:
+    """Whether the loader could find the NVIDIA driver's library, without loading it:
+    ``LD_LIBRARY_PATH``, then the loader's cache and the paths ctypes searches."""
+    folders = [f for f in os.environ.get("LD_LIBRARY_PATH", "").split(":") if f]
+    if any((Path(folder) / _DRIVER).exists() for folder in folders):
+        return True
+    return ctypes.util.find_library("cuda") is not None
+
+
+def machine_problem() -> str | None:
+    """Why the runtime cannot run on this machine, found without loading it (a listing of
+    the models asks): what the one attempt to load it found, else whether the driver is there
+    at all. None: it may run (what is missing from the packages is the catalogue's to say)."""
+    if _Once.loaded is not None:
+        return None
+    if _Once.missing is not None:
+        return _Once.missing
+    if not _driver_found():
+        return (
+            f"needs an NVIDIA GPU and its driver ({_DRIVER} is not on this machine), even to "
+            "decode on the CPU"
+        )
+    return None
 
 
 def require_loaded(entry: ModelEntry) -> LoadedRuntime:

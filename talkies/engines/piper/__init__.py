@@ -297,5 +297,6 @@ EXECUTORS = (
         kind="tts",
         isolated=True,  # espeak-ng (piper's espeakbridge) and onnxruntime are native code
         load_speech=load_entry,
+        requires=("piper-tts", "soxr"),
     ),
 )

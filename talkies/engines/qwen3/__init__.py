@@ -65,4 +65,14 @@ def load_entry(entry: ModelEntry, root: Path, device: str, data_dir: Path) -> Sp
     return load(root, entry.options, device, data_dir, name=entry.slug)
 
 
-EXECUTORS = (Executor(name="qwen3_tts", kind="tts", isolated=True, load_speech=load_entry),)
+EXECUTORS = (
+    Executor(
+        name="qwen3_tts",
+        kind="tts",
+        isolated=True,
+        load_speech=load_entry,
+        requires=("torch", "transformers", "qwen-tts"),
+        # qwen-tts's own metadata asks for gradio and a CUDA torchaudio (README, Models).
+        install="the 'qwen3' extra of Talkies, then pip install --no-deps qwen-tts==0.1.1",
+    ),
+)

@@ -188,5 +188,6 @@ EXECUTORS = (
         isolated=True,
         load_recognition=load,
         check_entry=check_entry,
+        requires=("sherpa-onnx",),
     ),
 )

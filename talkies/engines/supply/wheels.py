@@ -13,14 +13,22 @@ installed file list (``importlib.metadata``), so virtual environments, ``--user`
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["WheelError", "WheelFile", "locate", "materialize", "wheels_installed"]
+from .packages import install_hint, is_installed, missing
+
+__all__ = [
+    "WheelError",
+    "WheelFile",
+    "locate",
+    "materialize",
+    "not_installed",
+    "wheels_installed",
+]
 
 _CHUNK = 1 << 20
 
@@ -44,9 +52,7 @@ def locate(distribution: str, path: str) -> Path:
     try:
         dist = metadata.distribution(distribution)
     except metadata.PackageNotFoundError:
-        raise WheelError(
-            f"the Python package {distribution!r} is not installed (pip install {distribution})"
-        ) from None
+        raise WheelError(not_installed([distribution])) from None
     for record in dist.files or ():
         if str(record) == path:
             found = Path(str(dist.locate_file(record)))
@@ -60,8 +66,12 @@ def materialize(files: Sequence[WheelFile], dest: Path) -> None:
     """Write every file of ``files`` into ``dest`` (created if needed), each verified.
 
     A file is joined beside its target and renamed into place only once its hash matches, so
-    ``dest`` never holds a wrong or half-written file.
+    ``dest`` never holds a wrong or half-written file. Missing packages are one error that
+    names them all and what installs them.
     """
+    absent = missing(dist for f in files for dist, _ in f.parts)
+    if absent:
+        raise WheelError(not_installed(absent))
     sources = [[locate(dist, path) for dist, path in f.parts] for f in files]
     dest.mkdir(parents=True, exist_ok=True)
     for wheel_file, pieces in zip(files, sources, strict=True):
@@ -86,13 +96,13 @@ def materialize(files: Sequence[WheelFile], dest: Path) -> None:
             partial.unlink(missing_ok=True)
 
 
-@functools.cache
-def _installed(distribution: str) -> bool:
-    try:
-        metadata.distribution(distribution)
-    except metadata.PackageNotFoundError:
-        return False
-    return True
+def not_installed(distributions: Sequence[str]) -> str:
+    """The message for model files whose packages are not installed, with one hint."""
+    names = ", ".join(distributions)
+    noun = "package" if len(distributions) == 1 else "packages"
+    return f"its files come from the Python {noun} {names}, not installed: install " + (
+        install_hint(distributions)
+    )
 
 
 def wheels_installed(files: Sequence[WheelFile] | None) -> bool:
@@ -100,4 +110,4 @@ def wheels_installed(files: Sequence[WheelFile] | None) -> bool:
     can be prepared offline (False for an entry without wheels)."""
     if files is None:
         return False
-    return all(_installed(dist) for f in files for dist, _ in f.parts)
+    return all(is_installed(dist) for f in files for dist, _ in f.parts)

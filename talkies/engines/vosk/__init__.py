@@ -362,5 +362,6 @@ EXECUTORS = (
         transcribes_files=True,
         isolated=True,
         load_recognition=load,
+        requires=("vosk",),
     ),
 )

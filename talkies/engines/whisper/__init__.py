@@ -144,5 +144,6 @@ EXECUTORS = (
         isolated=True,
         load_recognition=load,
         prepare=with_window,
+        requires=("pywhispercpp",),
     ),
 )
