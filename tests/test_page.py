@@ -26,7 +26,8 @@ from typing import Any
 import pytest
 
 from talkies.config import Settings
-from talkies.engines.pool import ModelPool
+from talkies.engines.pool import ModelPool, build_registry
+from talkies.engines.supply.access import SiteAccess
 from talkies.engines.supply.builtin import DEFAULT_MODEL
 
 from .conftest import RunningServer, run_server
@@ -133,9 +134,16 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return data
 
 
+def _no_network(site: str) -> str:
+    """The download sites, as on a machine without access to them (whatever this one has)."""
+    return "its name does not resolve"
+
+
 @contextmanager
 def _server(data_dir: Path, **settings: Any) -> Iterator[RunningServer]:
-    pool = ModelPool.from_settings(Settings(data_dir=data_dir))  # the registry `talkies serve` has
+    config = Settings(data_dir=data_dir)  # the registry `talkies serve` has
+    pool = ModelPool(build_registry(config), config, access=SiteAccess(probe=_no_network))
+    pool.probe_sites(wait=True)
     with run_server(
         provider=pool, stream_max_duration=120.0, stream_max_frame_bytes=65536, **settings
     ) as server:
@@ -325,10 +333,14 @@ def test_live_transcript_file_box_and_screenshot(
     files = tab.values("#file-model option")
     speech = tab.values("#tts-model option")
     rows = {m["id"]: m for m in _models(open_server)}
-    tts = {"qwen3_tts", "kokoro"}
-    assert live == [s for s, m in rows.items() if m["streaming"] and m["executor"] not in tts]
-    assert files == [s for s, m in rows.items() if m["executor"] not in tts]
-    assert speech == [s for s, m in rows.items() if m["executor"] in tts]
+
+    def grouped(wanted: Any) -> list[str]:  # ready ones first, then downloads, then the rest
+        order = ("ready", "needs_download", "cannot_run")
+        return [s for r in order for s, m in rows.items() if m["readiness"] == r and wanted(m)]
+
+    assert live == grouped(lambda m: m["streaming"] and m["kind"] == "asr")
+    assert files == grouped(lambda m: m["kind"] == "asr")
+    assert speech == grouped(lambda m: m["kind"] == "tts")
     assert tab.js("document.getElementById('speak').hidden") is (not speech)
 
     _check_session(tab.live_transcript(), token=None)
@@ -421,6 +433,50 @@ def test_every_close_code_of_the_spec_has_its_own_message(
 def _models(server: RunningServer) -> list[dict[str, Any]]:
     with urllib.request.urlopen(server.http + "/v1/models") as response:
         return list(json.load(response)["data"])
+
+
+def test_the_pickers_say_what_can_run_here_and_why(
+    open_server: RunningServer, page_on: Any
+) -> None:
+    """Issue 21, point 12: each model's readiness in its label, grouped; under the picker,
+    why the chosen one needs a download or cannot run here; the default is a ready model."""
+    tab = page_on(open_server)
+    tab.models_loaded()
+    rows = {m["id"]: m for m in _models(open_server)}
+    labels = dict(
+        tab.js(
+            "[...document.querySelectorAll('#file-model option')]"
+            ".map(o => [o.value, [o.textContent, o.parentElement.label, o.title]])"
+        )
+    )
+    assert labels[DEFAULT_MODEL][:2] == [f"{DEFAULT_MODEL} (loaded)", "Ready"]
+    said = {"needs_download": "needs a download", "cannot_run": "cannot run here"}
+    groups = {"needs_download": "Need a download", "cannot_run": "Cannot run here"}
+    hub = "sherpa-zipformer-en-int8-left-64"
+    assert rows[hub]["readiness"] == "cannot_run"  # (no network for the page's server)
+    for slug, (text, group, title) in labels.items():
+        row = rows[slug]
+        if row["loaded"] or row["readiness"] == "ready":
+            continue
+        assert (text, group, title) == (
+            f"{slug} ({said[row['readiness']]})",
+            groups[row["readiness"]],
+            row["reason"],
+        )
+    assert tab.text("#file-model-note") == ""  # the default model is ready
+    for picker, slug in (("file-model", hub), ("live-model", "nemotron-3.5-asr-0.6b")):
+        tab.page.select_option(f"#{picker}", slug)
+        note = tab.text(f"#{picker}-note")
+        assert note == f"Cannot run here: {rows[slug]['reason']}.", note
+        assert "warn" in tab.class_of(f"{picker}-note")
+    assert "cannot be reached from here (its name does not resolve)" in tab.text("#file-model-note")
+    assert "its files are not in" in tab.text("#live-model-note")
+    if "qwen3-tts-0.6b" in rows:
+        tab.page.select_option("#tts-model", "qwen3-tts-0.6b")
+        assert tab.text("#tts-model-note").startswith("Cannot run here: ")
+    tab.page.select_option("#file-model", DEFAULT_MODEL)
+    assert tab.text("#file-model-note") == ""
+    assert not tab.problems, tab.problems
 
 
 def test_speak_box_plays_the_synthesized_wav(open_server: RunningServer, page_on: Any) -> None:
