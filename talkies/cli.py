@@ -22,7 +22,7 @@ from .config import ConfigError, Settings
 from .engines.supply.registry import RegistryError
 from .logs import configure
 
-__all__ = ["main"]
+__all__ = ["main", "page_url"]
 
 log = logging.getLogger("talkies")
 
@@ -91,9 +91,25 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+# How `models list` says each readiness (talkies/engines/readiness.py).
+_READINESS = {
+    "ready": "ready",
+    "needs_download": "needs a download",
+    "cannot_run": "cannot run here",
+}
+
 # How long `serve` waits, after the grace period and the closing of streams, for the models
 # to be unloaded before it exits anyway.
 _UNLOAD_SECONDS = 10.0
+
+
+def page_url(host: str, port: int, *, tls: bool) -> str:
+    """The URL to open for a server listening on ``host``:``port``: a wildcard address is
+    this machine's loopback, an IPv6 literal goes in brackets."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{'https' if tls else 'http'}://{host}:{port}/"
 
 
 class _Problem(Exception):
@@ -134,6 +150,9 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     async def run() -> None:
         async with anyio.create_task_group() as tg:
             await tg.start(server.serve)  # with the app's lifespan: TTL sweeper, unloading
+            pool.probe_sites()  # in the background: the page says which downloads can happen
+            url = page_url(settings.host, server.port or settings.port, tls=context is not None)
+            log.info("open %s in a browser", url, extra={"url": url})
             heap.settle()  # start-up's objects out of the collector's sight (heap.py)
             signals_of_interest = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
             with anyio.open_signal_receiver(*signals_of_interest) as signals:
@@ -188,7 +207,9 @@ def _models(args: argparse.Namespace, settings: Settings) -> int:
                 sys.stderr.write(f"talkies: could not list the models of {args.server}: {exc}\n")
                 return 1
         else:
-            rows = ModelPool(registry, settings, validate=False).status()
+            pool = ModelPool(registry, settings, validate=False)
+            pool.probe_sites(wait=True)  # which download sites answer (seconds at most)
+            rows = pool.status()
             for row in rows:
                 del row["loaded"], row["in_use"], row["pinned"]  # only a server knows these
         for row in rows:
@@ -202,6 +223,9 @@ def _models(args: argparse.Namespace, settings: Settings) -> int:
                 if "loaded" in row:
                     flags.append("loaded" if row["loaded"] else "not loaded")
                     flags += ["pinned"] if row["pinned"] else []
+                if "readiness" in row:  # (a server of an older Talkies has no such column)
+                    said = _READINESS.get(row["readiness"], str(row["readiness"]))
+                    flags.append(f"{said}: {row['reason']}" if row.get("reason") else said)
                 sys.stdout.write(f"{row['model']:40s} {row['executor']:14s} {', '.join(flags)}\n")
         return 0
     slugs = args.slugs or list(registry)

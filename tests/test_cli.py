@@ -362,3 +362,65 @@ def test_an_unreachable_hub_fails_fast_and_clearly(tmp_path: Path) -> None:
     failures = [r for r in records if r["level"] in ("warning", "error")]
     assert [r["msg"] for r in failures] == ["model unavailable"], failures
     assert list((data / "models").iterdir()) == []
+
+
+def test_page_url_is_one_a_browser_can_open() -> None:
+    from talkies.cli import page_url
+
+    assert page_url("127.0.0.1", 8000, tls=False) == "http://127.0.0.1:8000/"
+    assert page_url("0.0.0.0", 8000, tls=False) == "http://127.0.0.1:8000/"
+    assert page_url("::", 8443, tls=True) == "https://[::1]:8443/"
+    assert page_url("fd00::5", 80, tls=False) == "http://[fd00::5]:80/"
+    assert page_url("talkies.example", 8000, tls=True) == "https://talkies.example:8000/"
+
+
+def test_serve_logs_the_url_and_not_the_libraries_chatter(tmp_path: Path) -> None:
+    """Issue 21, point 12: start-up says which URL to open; an MCP call and a speech request
+    whose text espeak reads as other words ("$5", "Mr.") leave no line of the MCP SDK's
+    session end or phonemizer's word count at the default level."""
+    import importlib.util
+
+    speech = importlib.util.find_spec("kokoro_onnx") is not None
+    with serve(TALKIES_DATA_DIR=str(tmp_path)) as (proc, port):
+        assert proc.stderr is not None
+        url = f"http://127.0.0.1:{port}/"
+        opened = _read_json_lines(proc.stderr, f"open {url} in a browser")
+        assert opened[-1]["url"] == url and opened[-1]["level"] == "info"
+        for request_id in (1, 2):
+            answer = httpx.post(
+                url + "mcp",
+                json={
+                    "jsonrpc": "2.0",
+                    "id": request_id,
+                    "method": "initialize",
+                    "params": {
+                        "protocolVersion": "2025-06-18",
+                        "capabilities": {},
+                        "clientInfo": {"name": "test", "version": "1"},
+                    },
+                },
+                headers={"Accept": "application/json, text/event-stream"},
+                timeout=30,
+            )
+            assert answer.status_code == 200, answer.text
+        if speech:
+            spoken = httpx.post(
+                url + "v1/audio/speech",
+                json={
+                    "model": "kokoro-82m",
+                    "input": "It costs $5, Mr. Smith.",
+                    "voice": "alloy",
+                    "response_format": "wav",
+                },
+                timeout=120,
+            )
+            assert spoken.status_code == 200, spoken.text
+            assert spoken.content[:4] == b"RIFF"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        records = [json.loads(line) for line in proc.stderr.read().splitlines()]
+    said = [r["msg"] for r in records]
+    assert not [m for m in said if m.startswith("Terminating session")], said
+    assert not [m for m in said if "words count mismatch" in m], said
+    if speech:
+        assert "model loaded" in said  # the speech went through kokoro, in its engine process
