@@ -1,4 +1,4 @@
-"""Write the seed corpora ``fuzz/corpus/{control,session,wire}/``.
+"""Write the seed corpora ``fuzz/corpus/{control,session,wire,http}/``.
 
     PYTHONPATH=. .venv/bin/python fuzz/make_seeds.py          # (re)write the seeds
     PYTHONPATH=. .venv/bin/python fuzz/make_seeds.py --check  # exit 1 if the files differ
@@ -20,6 +20,8 @@ from typing import Any
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from fuzz._http import TOKEN as HTTP_TOKEN
+from fuzz._http import check_http_input, encode_http_input, wav
 from fuzz._oracle import (
     BAD_VALUES,
     FUZZ_LIMITS,
@@ -395,6 +397,242 @@ WIRE_SEEDS: dict[str, tuple[bytes, dict[str, Any], str, int | None]] = {
 }
 
 
+# -- HTTP: what a client sends on one connection, and the statuses it must get ---------------
+
+
+def _request(
+    method: str, target: str, body: bytes = b"", *headers: str, auth: bool = True
+) -> bytes:
+    """One HTTP/1.1 request; a Content-Length for a body (or a POST or PUT), unless a header
+    already frames it."""
+    head = f"{method} {target} HTTP/1.1\r\nHost: x\r\n"
+    if auth:
+        head += f"Authorization: Bearer {HTTP_TOKEN}\r\n"
+    head += "".join(f"{h}\r\n" for h in headers)
+    framed = any(h.lower().startswith(("content-length", "transfer-encoding")) for h in headers)
+    if not framed and (body or method in ("POST", "PUT")):
+        head += f"Content-Length: {len(body)}\r\n"
+    return head.encode("latin-1") + b"\r\n" + body
+
+
+def _speech(fields: dict[str, Any] | None = None, **extra: Any) -> bytes:
+    doc = {"model": "speech-fuzz", "input": "hello", "voice": "alloy", "response_format": "pcm"}
+    doc = {**doc, **(fields or {}), **extra}
+    body = json.dumps({k: v for k, v in doc.items() if v is not None}).encode()
+    return _request("POST", "/v1/audio/speech", body, "Content-Type: application/json")
+
+
+def _form(*parts: tuple[str, bytes, str], boundary: str = "B") -> bytes:
+    """A multipart/form-data transcription request: (name, value, file name or "")."""
+    body = b""
+    for name, value, filename in parts:
+        disposition = f'form-data; name="{name}"' + (f'; filename="{filename}"' if filename else "")
+        body += f"--{boundary}\r\nContent-Disposition: {disposition}\r\n\r\n".encode()
+        body += value + b"\r\n"
+    body += f"--{boundary}--\r\n".encode()
+    content_type = f"Content-Type: multipart/form-data; boundary={boundary}"
+    return _request("POST", "/v1/audio/transcriptions", body, content_type)
+
+
+def _chunked(*chunks: bytes) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n"
+
+
+_WAV = wav(b"\x10\x00" * 800)
+_UPGRADE = (
+    "Upgrade: websocket",
+    "Connection: Upgrade",
+    "Sec-WebSocket-Version: 13",
+    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+)
+_MCP = ("Content-Type: application/json", "Accept: application/json, text/event-stream")
+_JSON = "Content-Type: application/json"
+
+# name: (client bytes, reads of this size (0: at once), the statuses of its responses)
+HTTP_SEEDS: dict[str, tuple[bytes, int, list[int]]] = {
+    "healthz": (_request("GET", "/healthz", auth=False), 0, [200]),
+    "readyz_and_page": (_request("GET", "/readyz") + _request("HEAD", "/"), 0, [503, 200]),
+    "stream_unknown_model": (
+        _request("GET", "/v1/audio/transcriptions/stream", b"", *_UPGRADE)
+        + b"\x81\x8c\0\0\0\0"
+        + b'{"type":"x"}',
+        0,
+        [101],
+    ),
+    "head_unknown": (_request("HEAD", "/nope"), 0, [404]),
+    "no_token": (_request("GET", "/v1/models", auth=False), 0, [401]),
+    "wrong_token": (
+        _request("GET", "/v1/models", b"", "Authorization: Bearer no", auth=False),
+        0,
+        [401],
+    ),
+    "token_in_query": (_request("GET", f"/v1/models?token={HTTP_TOKEN}", auth=False), 0, [401]),
+    "models": (_request("GET", "/v1/models"), 0, [200]),
+    "unload": (
+        _request("DELETE", "/v1/models/speech-fuzz") + _request("DELETE", "/v1/models/x"),
+        0,
+        [200, 404],
+    ),
+    "method_not_allowed": (_request("PUT", "/v1/models"), 0, [405]),
+    "stream_route_plain": (_request("GET", "/v1/audio/transcriptions/stream"), 0, [426]),
+    "stream_upgrade": (
+        _request("GET", "/v1/audio/transcriptions/stream", b"", *_UPGRADE),
+        0,
+        [101],
+    ),
+    "stream_upgrade_bad_key": (
+        _request(
+            "GET", "/v1/audio/transcriptions/stream", b"", *_UPGRADE[:3], "Sec-WebSocket-Key: x"
+        ),
+        0,
+        [400],
+    ),
+    "speech_pcm": (_speech(), 0, [200]),
+    "speech_wav_byte_by_byte": (_speech(response_format="wav"), 1, [200]),
+    "speech_mp3_default": (_speech(response_format=None), 7, [200]),
+    "speech_chunked": (
+        _request("POST", "/v1/audio/speech", b"", _JSON, "Transfer-Encoding: chunked")
+        + _chunked(b'{"model":"speech-fuzz",', b'"input":"hi","voice":"nova"}'),
+        64,
+        [200],
+    ),
+    "speech_unknown_field": (_speech(loud=True), 0, [400]),
+    "speech_empty_input": (_speech(input=""), 0, [400]),
+    "speech_no_voice": (_speech(voice=None), 0, [400]),
+    "speech_unknown_voice": (_speech(voice="bob"), 0, [400]),
+    "speech_speed_out_of_range": (_speech(speed=3.5), 0, [400]),
+    "speech_speed_3500_digits": (_speech(speed=int("9" * 3500)), 509, [400]),
+    "speech_nested_3000": (_request("POST", "/v1/audio/speech", b"[" * 3000, _JSON), 0, [400]),
+    "speech_not_json": (_request("POST", "/v1/audio/speech", b"\xff{", _JSON), 0, [400]),
+    "speech_unknown_model": (_speech(model="tts-1"), 0, [404]),
+    "speech_asr_model": (_speech(model="asr-fuzz"), 0, [400]),
+    "speech_bad_format": (_speech(response_format="ogg"), 0, [400]),
+    "voices": (
+        _request("GET", "/v1/audio/voices?model=speech-fuzz")
+        + _request("GET", "/v1/audio/voices")
+        + _request("GET", "/v1/audio/voices?model=nope"),
+        0,
+        [200, 400, 404],
+    ),
+    "transcribe_asr_model": (_form(("model", b"asr-fuzz", ""), ("file", _WAV, "a.wav")), 0, [400]),
+    "transcribe_options": (
+        _form(
+            ("model", b"asr-fuzz", ""),
+            ("language", b"en", ""),
+            ("temperature", b"0.5", ""),
+            ("response_format", b"srt", ""),
+            ("file_path", b"a.wav", ""),
+        ),
+        2,
+        [400],
+    ),
+    "transcribe_unknown_model": (
+        _form(("model", b"whisper-1", ""), ("file", _WAV, "a.wav")),
+        0,
+        [404],
+    ),
+    "transcribe_no_boundary": (
+        _request("POST", "/v1/audio/transcriptions", b"x", "Content-Type: multipart/form-data"),
+        0,
+        [400],
+    ),
+    "transcribe_urlencoded": (
+        _request(
+            "POST",
+            "/v1/audio/transcriptions",
+            b"model=asr-fuzz&file_path=a.wav",
+            "Content-Type: application/x-www-form-urlencoded",
+        ),
+        0,
+        [400],
+    ),
+    "transcribe_over_cap": (
+        _form(("model", b"asr-fuzz", ""), ("file", b"\0" * 5000, "a.wav")),
+        4096,
+        [413],
+    ),
+    "files_put_get_list_delete": (
+        _request("PUT", "/v1/files/a/b.wav", _WAV)
+        + _request("GET", "/v1/files/a/b.wav")
+        + _request("HEAD", "/v1/files/a/b.wav")
+        + _request("GET", "/v1/files")
+        + _request("DELETE", "/v1/files/a/b.wav"),
+        0,
+        [201, 200, 200, 200, 200],
+    ),
+    "files_dotdot": (
+        _request("GET", "/v1/files/../x.wav") + _request("PUT", "/v1/files/%2e%2e/x"),
+        0,
+        [400, 400],
+    ),
+    "files_missing": (_request("GET", "/v1/files/nope.wav"), 0, [404]),
+    "files_expect_continue": (
+        _request("PUT", "/v1/files/c.wav", b"RIFF", "Expect: 100-continue"),
+        0,
+        [201],
+    ),
+    "mcp_tools_list": (
+        _request("POST", "/mcp", b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}', *_MCP),
+        0,
+        [200],
+    ),
+    "mcp_parse_error": (_request("POST", "/mcp", b'{"jsonrpc":', *_MCP), 0, [400]),
+    "content_length_and_chunked": (
+        _request(
+            "POST",
+            "/v1/audio/speech",
+            b"",
+            _JSON,
+            "Content-Length: 4",
+            "Transfer-Encoding: chunked",
+        )
+        + _chunked(b"{}")
+        + _request("GET", "/healthz"),
+        0,
+        [400],
+    ),
+    "chunk_size_zz": (
+        _request("POST", "/v1/audio/speech", b"", _JSON, "Transfer-Encoding: chunked")
+        + b"zz\r\n{}\r\n0\r\n\r\n",
+        0,
+        [400],
+    ),
+    "chunk_shorter_than_declared": (
+        _request("POST", "/v1/audio/speech", b"", _JSON, "Transfer-Encoding: chunked")
+        + b"5\r\n{}\r\n0\r\n\r\n",
+        3,
+        [400],
+    ),
+    "transfer_coding_gzip": (
+        _request("POST", "/v1/audio/speech", b"{}", _JSON, "Transfer-Encoding: gzip"),
+        0,
+        [400],
+    ),
+    "two_content_lengths": (
+        _request("POST", "/v1/audio/speech", b"{}", "Content-Length: 2", "Content-Length: 3"),
+        0,
+        [400],
+    ),
+    "pipelined_keep_alive": (
+        _request("GET", "/healthz") + _speech(input="") + _request("GET", "/v1/models", auth=False),
+        0,
+        [200, 400, 401],
+    ),
+    "http_1_0": (b"GET /healthz HTTP/1.0\r\n\r\n", 0, [200]),
+    "connection_close": (
+        _request("GET", "/healthz", b"", "Connection: close") + _request("GET", "/healthz"),
+        0,
+        [200],
+    ),
+    "many_headers": (_request("GET", "/healthz", b"", *[f"X-{i}: v" for i in range(30)]), 0, [431]),
+    "head_too_large": (_request("GET", "/healthz", b"", "X-Pad: " + "p" * 2100), 0, [431]),
+    "bad_request_line": (b"GET /\x00 HTTP/1.1\r\n\r\n", 0, [400]),
+    "body_cut_short": (_speech()[:-10], 0, []),
+    "head_cut_short": (b"GET /healthz HTTP/1.1\r\nHo", 0, [400]),
+    "empty": (b"", 0, []),
+}
+
+
 def build() -> dict[Path, bytes]:
     """Every seed file and its bytes, each checked by its harness's oracle."""
     files: dict[Path, bytes] = {}
@@ -414,6 +652,12 @@ def build() -> dict[Path, bytes]:
             got = (wire.outcome, wire.close_code)
             raise SystemExit(f"wire seed {name}: {got}, not {(outcome, close)}")
         files[CORPUS / "wire" / name] = data
+    for name, (client, chunk_size, statuses) in HTTP_SEEDS.items():
+        data = encode_http_input(client, chunk_size=chunk_size)
+        got = [r.status for r in check_http_input(data).responses]
+        if got != statuses:
+            raise SystemExit(f"http seed {name}: statuses {got}, not {statuses}")
+        files[CORPUS / "http" / name] = data
     return files
 
 
