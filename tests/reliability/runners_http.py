@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import httpx
 
+from fuzz._http import parse_responses
 from talkies.app import websocket_admission
 from talkies.app.app import bearer_ok
 from talkies.app.refusals import http_error
@@ -702,3 +703,115 @@ def _runtime_comparisons() -> set[str]:
     finally:
         hmac.compare_digest = real
     return ways
+
+
+# -- framing and bodies a parser must survive (issue 21, points 6 and 7) ---------------------
+
+SPEECH = b"/v1/audio/speech"
+
+
+def _exchange_all(port: int, request: bytes, timeout: float = 15.0) -> tuple[list[Any], float]:
+    """Send ``request`` (one write), read until the server closes: its responses, and the
+    seconds until it closed (99 if it did not within ``timeout``)."""
+    sock = connect(port)
+    started = time.monotonic()
+    sock.sendall(request)
+    sock.settimeout(timeout)
+    data = b""
+    closed = 99.0
+    with suppress(OSError):
+        while chunk := sock.recv(65536):
+            data += chunk
+        closed = time.monotonic() - started
+    sock.close()
+    return parse_responses(data, []), closed
+
+
+def _openai_error(response: Any, param: str | None = None) -> dict[str, Any]:
+    """The response's OpenAI error object (the runner fails if it is not one)."""
+    document = json.loads(response.body)
+    error = document["error"]
+    assert set(document) == {"error"} and set(error) == {"message", "type", "param", "code"}, (
+        response.body
+    )
+    assert error["type"] == "invalid_request_error" and error["param"] == param, error
+    return dict(error)
+
+
+def _speech_request(body: bytes, *lines: bytes) -> bytes:
+    return _head(b"POST", SPEECH, b"Content-Type: application/json", *lines) + body
+
+
+@runner("http-length-and-chunked", "both")
+def http_length_and_chunked(target: Target) -> Facts:
+    """RFC 9112 section 6.1: both framings at once, then a request pipelined behind them."""
+    head = _head(b"POST", SPEECH, b"Content-Length: 4", b"Transfer-Encoding: chunked").replace(
+        b"Connection: close\r\n", b""
+    )
+    pipelined = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    responses, closed = _exchange_all(_port(target), head + b"2\r\n{}\r\n0\r\n\r\n" + pipelined)
+    for response in responses:
+        if response.status == 400:
+            _openai_error(response)
+    return {"status": [r.status for r in responses], "closed_s": closed}
+
+
+def _speech_case(target: Target, body: bytes, param: str | None) -> Facts:
+    responses, _ = _exchange_all(
+        _port(target), _speech_request(body, b"Content-Length: %d" % len(body))
+    )
+    for response in responses:
+        _openai_error(response, param)
+    return {"status": [r.status for r in responses]}
+
+
+@runner("speech-nested-json", "both")
+def speech_nested_json(target: Target) -> Facts:
+    return _speech_case(target, b"[" * 60_000, None)
+
+
+@runner("speech-speed-digits", "both")
+def speech_speed_digits(target: Target) -> Facts:
+    body = b'{"model":"qwen3-tiny-random","input":"hi","voice":"ryan","speed":'
+    return _speech_case(target, body + b"9" * 4000 + b"}", "speed")
+
+
+@runner("speech-checked-before-load", "both")
+def speech_checked_before_load(target: Target) -> Facts:
+    """An empty input for a model whose weights are not there: the input's 400, and the model
+    was never loaded."""
+    assert target.host is not None
+    body = json.dumps({"model": "qwen3-tts-0.6b", "input": "", "voice": "ryan"}).encode()
+    facts = _speech_case(target, body, "input")
+    row = target.host.models()["qwen3-tts-0.6b"]
+    assert row["loaded"] is False and row["downloaded"] is False, row
+    return facts
+
+
+def _chunked_case(target: Target, chunks: bytes) -> Facts:
+    request = _speech_request(chunks, b"Transfer-Encoding: chunked")
+    responses, closed = _exchange_all(_port(target), request)
+    if target.host_name == "standalone":  # uvicorn answers these itself, in plain text
+        for response in responses:
+            _openai_error(response)
+    return {"status": [r.status for r in responses], "closed_s": closed}
+
+
+@runner("chunk-size-not-hex", "standalone", "uvicorn")
+def chunk_size_not_hex(target: Target) -> Facts:
+    return _chunked_case(target, b"zz\r\n{}\r\n0\r\n\r\n")
+
+
+@runner("chunk-shorter-than-declared", "standalone", "uvicorn")
+def chunk_shorter_than_declared(target: Target) -> Facts:
+    return _chunked_case(target, b"5\r\n{}\r\n0\r\n\r\n")
+
+
+@runner("transfer-coding-unknown", "standalone", "uvicorn")
+def transfer_coding_unknown(target: Target) -> Facts:
+    request = _speech_request(b"{}", b"Transfer-Encoding: gzip")
+    responses, closed = _exchange_all(_port(target), request)
+    if target.host_name == "standalone":
+        for response in responses:
+            _openai_error(response)
+    return {"status": [r.status for r in responses], "closed_s": closed}

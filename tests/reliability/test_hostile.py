@@ -61,6 +61,12 @@ REQUIRED = {
     "token-compare": "tokens compared in constant time",
     "ws-no-start": "issue 21, point 2: upgrades that never send start hold no stream slot",
     "ws-start-trickle": "issue 21, point 2: a start deadline no message moves",
+    "http-length-and-chunked": "issue 21, point 6: Content-Length and Transfer-Encoding both",
+    "speech-nested-json": "issue 21, point 7: a body of 60,000 [ on /v1/audio/speech",
+    "speech-speed-digits": "issue 21, point 7: speed as a 4,000-digit integer",
+    "chunk-size-not-hex": "issue 21, point 7: a chunk size zz",
+    "chunk-shorter-than-declared": "issue 21, point 7: a chunk shorter than declared",
+    "speech-checked-before-load": "issue 21, point 7: validated before its model is loaded",
 }
 
 
