@@ -30,7 +30,7 @@ from ..config import Settings
 from ..engines.base import StreamProvider
 from ..engines.pool import ModelConflict, ModelPool
 from ..engines.runtime.slots import Slots
-from .files import FileStore, file_chunks
+from .files import FileStore
 from .http import (
     HttpError,
     PayloadTooLarge,
@@ -261,14 +261,16 @@ class TalkiesApp:
         return json_response(200, {"object": "list", "data": await self.files.listing()})
 
     async def _file_get(self, request: Request, path: str) -> Response:
-        target, size = self.files.open(path)
+        # Opened once: a PUT or DELETE of the path meanwhile cannot change what is served.
+        staged = await self.files.read(path)
         headers = [
             (b"content-type", b"application/octet-stream"),
-            (b"content-length", str(size).encode()),
+            (b"content-length", str(staged.size).encode()),
         ]
         if request.method == "HEAD":
+            await staged.aclose()
             return Response(status=200, headers=headers)
-        return Response(status=200, headers=headers, body=file_chunks(target))
+        return Response(status=200, headers=headers, body=staged)
 
     async def _file_put(self, request: Request, path: str) -> Response:
         return json_response(201, await self.files.put(path, request.body))

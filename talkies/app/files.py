@@ -9,13 +9,21 @@ bytes in all, with no ``..``, no empty or ``.`` components, no NUL and no backsl
 once resolved (symlinks followed) it must still lie inside the files folder. Anything else is
 a 400, before the file system is touched. A file appears only once completely written
 (written beside its target, renamed into place).
+
+A GET serves the file it opened, from that one descriptor: a PUT that renames a new file into
+place meanwhile, or a DELETE, leaves the response whole (the old file, its own length). A
+DELETE, and a PUT that fails, remove the folders they leave empty; a PUT under a name that is
+a file (``a.wav/b.wav`` when ``a.wav`` is one) is a 409. Partial files a killed server left are
+removed when the next one starts (:mod:`.leftovers`).
 """
 
 from __future__ import annotations
 
+import errno
+import io
 import os
+import stat
 import tempfile
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -25,11 +33,14 @@ import anyio.to_thread
 
 from .http import Body, HttpError
 
-__all__ = ["FileStore"]
+__all__ = ["PARTIAL_PREFIX", "FileStore", "StagedRead", "remove_empty_folders"]
 
 _MAX_PATH_BYTES = 1024
 _MAX_COMPONENT_BYTES = 255
-_PARTIAL_PREFIX = ".partial-"
+PARTIAL_PREFIX = ".partial-"
+_CHUNK = 262144
+# How often a PUT makes its folders again when a DELETE removed them (empty) in between.
+_FOLDER_TRIES = 8
 
 
 class FileStore:
@@ -65,23 +76,62 @@ class FileStore:
         target = self.resolve(relative)
         if target.is_dir():
             raise HttpError(409, f"{relative!r} is a folder", param="path")
-        await anyio.to_thread.run_sync(lambda: target.parent.mkdir(parents=True, exist_ok=True))
-        target = self.resolve(relative)  # the folders just made may not lead out either
-        handle, partial = tempfile.mkstemp(dir=target.parent, prefix=_PARTIAL_PREFIX)
+        self._refuse_file_in_path(relative)
+        with anyio.CancelScope(shield=True):  # a cancel lands below, where the file is removed
+            handle, partial = await anyio.to_thread.run_sync(self._create_partial, relative)
         try:
             with os.fdopen(handle, "wb") as out:
                 async for chunk in body.chunks():
                     await anyio.to_thread.run_sync(out.write, chunk)
-            os.replace(partial, target)
-        finally:
+            try:
+                os.replace(partial, target)
+            except IsADirectoryError:  # a folder was made there meanwhile
+                raise HttpError(409, f"{relative!r} is a folder", param="path") from None
+        except BaseException:
             Path(partial).unlink(missing_ok=True)
+            remove_empty_folders(self.root, relative)  # those made for it, if empty now
+            raise
         return self._describe(relative, target)
+
+    def _create_partial(self, relative: str) -> tuple[int, str]:
+        """The folders of ``relative`` and an open partial file in the last one. A DELETE may
+        remove a folder this just made (it was empty): then it is made again."""
+        for _ in range(_FOLDER_TRIES):
+            target = self.resolve(relative)  # the folders made here may not lead out either
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target = self.resolve(relative)
+                return tempfile.mkstemp(dir=target.parent, prefix=PARTIAL_PREFIX)
+            except (FileNotFoundError, FileExistsError, NotADirectoryError):
+                # A file where a folder goes is a 409; one removed since, a try again.
+                self._refuse_file_in_path(relative)
+        raise HttpError(409, f"the folders of {relative!r} keep being removed", param="path")
+
+    def _refuse_file_in_path(self, relative: str) -> None:
+        """409 if a folder ``relative`` needs is a file (``a.wav/b.wav`` with ``a.wav`` one)."""
+        parts = relative.split("/")[:-1]
+        for depth in range(1, len(parts) + 1):
+            folder = "/".join(parts[:depth])
+            path = self.root / folder
+            if path.exists() and not path.is_dir():
+                raise HttpError(
+                    409,
+                    f"{folder!r} is a file, so {relative!r} cannot be staged under it",
+                    param="path",
+                )
+
+    async def read(self, raw: str) -> StagedRead:
+        """The staged file, opened once: its length and content are those of the file that
+        was there when it was opened, whatever is put or deleted at its path meanwhile."""
+        relative = self.relative(raw)
+        target = self.resolve(relative)
+        return await anyio.to_thread.run_sync(_open_staged, target, relative)
 
     def open(self, raw: str) -> tuple[Path, int]:
         """The file and its size; 404 if there is none."""
         relative = self.relative(raw)
         target = self.resolve(relative)
-        if not target.is_file() or target.name.startswith(_PARTIAL_PREFIX):
+        if not target.is_file() or target.name.startswith(PARTIAL_PREFIX):
             raise HttpError(404, f"no staged file {relative!r}", code="file_not_found")
         return target, target.stat().st_size
 
@@ -95,8 +145,17 @@ class FileStore:
 
     async def delete(self, raw: str) -> dict[str, Any]:
         target, _ = self.open(raw)
-        await anyio.to_thread.run_sync(target.unlink)
-        return {"id": self.relative(raw), "object": "file", "deleted": True}
+        relative = self.relative(raw)
+
+        def remove() -> None:
+            target.unlink()
+            remove_empty_folders(self.root, relative)
+
+        try:
+            await anyio.to_thread.run_sync(remove)
+        except FileNotFoundError:  # deleted meanwhile
+            raise HttpError(404, f"no staged file {relative!r}", code="file_not_found") from None
+        return {"id": relative, "object": "file", "deleted": True}
 
     async def listing(self) -> list[dict[str, Any]]:
         return await anyio.to_thread.run_sync(self._listing)
@@ -111,7 +170,7 @@ class FileStore:
             # listing it would tell its name, size and time to any client.
             if (
                 path.is_file()
-                and not path.name.startswith(_PARTIAL_PREFIX)
+                and not path.name.startswith(PARTIAL_PREFIX)
                 and root in path.resolve().parents
             ):
                 relative = path.relative_to(self.root).as_posix()
@@ -130,11 +189,67 @@ class FileStore:
         }
 
 
-async def file_chunks(path: Path, *, chunk_size: int = 262144) -> AsyncIterator[bytes]:
-    """A file's content chunk by chunk, read in worker threads."""
-    async with await anyio.open_file(path, "rb") as handle:
-        while chunk := await handle.read(chunk_size):
-            yield chunk
+class StagedRead:
+    """An open staged file as a response body: chunks of exactly :attr:`size` bytes, read from
+    the one descriptor opened (never the path again), closed by :meth:`aclose` (every host
+    calls it, however the response ends). A file that is shorter than it was when opened
+    (changed in place, behind the server's back) ends the body early with an error, so the
+    host cuts the response short rather than send a complete-looking one."""
+
+    def __init__(self, handle: io.FileIO, size: int, *, chunk_size: int = _CHUNK) -> None:
+        self._handle = handle
+        self.size = size
+        self._left = size
+        self._chunk_size = chunk_size
+
+    def __aiter__(self) -> StagedRead:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._left <= 0:
+            raise StopAsyncIteration
+        chunk = await anyio.to_thread.run_sync(self._handle.read, min(self._chunk_size, self._left))
+        if not chunk:
+            raise OSError(errno.EIO, f"the file ended {self._left} bytes early")
+        self._left -= len(chunk)
+        return chunk
+
+    async def aclose(self) -> None:
+        self._handle.close()
+
+
+def _open_staged(target: Path, relative: str) -> StagedRead:
+    missing = HttpError(404, f"no staged file {relative!r}", code="file_not_found")
+    if target.name.startswith(PARTIAL_PREFIX):
+        raise missing
+    # O_NOFOLLOW: the path is already resolved, so a link here now was swapped in since;
+    # O_NONBLOCK: opening a FIFO someone made there must not block (regular files ignore it).
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(target, flags)
+    except OSError:
+        raise missing from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise missing
+        handle = io.FileIO(fd, "rb", closefd=True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return StagedRead(handle, st.st_size)
+
+
+def remove_empty_folders(root: Path, relative: str) -> None:
+    """Remove the folders of the staged path ``relative`` that are now empty, deepest first,
+    up to (not including) ``root``. Along the path as named: a link is never followed (its
+    ``rmdir`` fails), and a folder that holds anything stays, with those above it."""
+    parts = relative.split("/")[:-1]
+    for depth in range(len(parts), 0, -1):
+        try:
+            os.rmdir(root / "/".join(parts[:depth]))
+        except OSError:
+            return
 
 
 def _path_problem(text: str) -> str | None:
@@ -156,6 +271,6 @@ def _path_problem(text: str) -> str | None:
             return f"has a {part!r} component" if part else "has an empty component"
         if len(part.encode("utf-8", "surrogatepass")) > _MAX_COMPONENT_BYTES:
             return f"a component is longer than {_MAX_COMPONENT_BYTES} bytes"
-        if part.startswith(_PARTIAL_PREFIX):
+        if part.startswith(PARTIAL_PREFIX):
             return "reserved name"
     return None
