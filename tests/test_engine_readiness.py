@@ -204,6 +204,41 @@ def test_the_extras_are_read_from_talkies_own_metadata() -> None:
     assert "[kokoro]'" in hint
 
 
+class _Installed:
+    """Talkies' metadata, as pip leaves it, for a given ``direct_url.json``."""
+
+    def __init__(self, direct_url: dict[str, Any] | None) -> None:
+        self.direct_url = direct_url
+        self.requires = ['kokoro-onnx==0.6.1; extra == "kokoro"']
+
+    def read_text(self, name: str) -> str | None:
+        return (
+            json.dumps(self.direct_url) if self.direct_url and name == "direct_url.json" else None
+        )
+
+
+def test_the_hint_installs_into_the_folder_talkies_came_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clone = tmp_path / "my clone"
+    clone.mkdir()
+    (clone / "pyproject.toml").write_text("[project]\n")
+    url = "file://" + str(clone).replace(" ", "%20")
+    cases = [
+        ({"url": url, "dir_info": {"editable": True}}, f"pip install -e '{clone}[kokoro]'"),
+        ({"url": url, "dir_info": {}}, f"pip install '{clone}[kokoro]'"),  # (the Dockerfile's)
+        ({"url": "file:///gone", "dir_info": {}}, "pip install 'talkies[kokoro]'"),
+        (
+            {"url": "https://example.org/talkies.whl", "archive_info": {}},
+            "pip install 'talkies[kokoro]'",
+        ),
+        (None, "pip install 'talkies[kokoro]'"),  # from an index
+    ]
+    for direct_url, command in cases:
+        monkeypatch.setattr(packages, "_talkies", lambda d=direct_url: _Installed(d))
+        assert install_hint(["kokoro-onnx"]) == f"the 'kokoro' extra of Talkies: {command}"
+
+
 def test_missing_speech_packages_are_one_hint_naming_the_extra(
     tmp_path: Path, without_kokoro: None
 ) -> None:

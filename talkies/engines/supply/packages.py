@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.parse
 from collections.abc import Iterable
 from importlib import metadata
+from pathlib import Path
 
 __all__ = ["extra_providing", "install_hint", "is_installed", "missing"]
 
@@ -73,8 +75,9 @@ def extra_providing(distribution: str) -> str | None:
 
 
 def _install_extras(extras: list[str]) -> str:
-    """The pip command that adds ``extras`` to this installation of Talkies: to the folder
-    an editable install came from (the README's), else the package by name."""
+    """The pip command that adds ``extras`` to this installation of Talkies: to the folder it
+    was installed from while that folder is still there (``-e`` for an editable install, as
+    the README's), else the package by name."""
     spec = ",".join(extras)
     talkies = _talkies()
     origin = talkies.read_text("direct_url.json") if talkies is not None else None
@@ -82,10 +85,15 @@ def _install_extras(extras: list[str]) -> str:
         found = json.loads(origin) if origin else {}
     except ValueError:
         found = {}
-    url = found.get("url", "") if isinstance(found, dict) else ""
-    editable = isinstance(found, dict) and bool((found.get("dir_info") or {}).get("editable"))
-    if editable and isinstance(url, str) and url.startswith("file://"):
-        return f"pip install -e '{url.removeprefix('file://')}[{spec}]'"
+    if not isinstance(found, dict):
+        found = {}
+    url = found.get("url")
+    dir_info = found.get("dir_info")
+    if isinstance(url, str) and url.startswith("file://") and isinstance(dir_info, dict):
+        folder = Path(urllib.parse.unquote(url.removeprefix("file://")))
+        if (folder / "pyproject.toml").is_file():
+            editable = "-e " if dir_info.get("editable") else ""
+            return f"pip install {editable}'{folder}[{spec}]'"
     return f"pip install 'talkies[{spec}]'"
 
 
