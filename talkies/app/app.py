@@ -30,6 +30,7 @@ from ..config import Settings
 from ..engines.base import StreamProvider
 from ..engines.pool import ModelConflict, ModelPool
 from ..engines.runtime.slots import Slots
+from . import leftovers
 from .files import FileStore
 from .http import (
     HttpError,
@@ -114,17 +115,22 @@ class TalkiesApp:
     @asynccontextmanager
     async def lifespan(self) -> AsyncIterator[None]:
         """What runs beside the server: the idle-model sweeper and the MCP endpoint (its tool
-        calls end first); models unloaded at the end."""
-        async with anyio.create_task_group() as tg:
+        calls end first); models unloaded at the end. First, what killed servers left in the
+        data folder is removed, and this server's lock on it taken (:mod:`.leftovers`)."""
+        claim = await anyio.to_thread.run_sync(leftovers.start, self.settings.data_dir)
+        try:
+            async with anyio.create_task_group() as tg:
+                if self.pool is not None:
+                    tg.start_soon(self.pool.run_sweeper)
+                try:
+                    async with self.mcp.lifespan():
+                        yield
+                finally:
+                    tg.cancel_scope.cancel()
             if self.pool is not None:
-                tg.start_soon(self.pool.run_sweeper)
-            try:
-                async with self.mcp.lifespan():
-                    yield
-            finally:
-                tg.cancel_scope.cancel()
-        if self.pool is not None:
-            await self.pool.aclose()
+                await self.pool.aclose()
+        finally:
+            claim.release()
 
     # -- requests ----------------------------------------------------------------------------
 

@@ -3,16 +3,27 @@
 :func:`spawn` starts ``python -m talkies.engines.isolation.child``, hands it the request on
 stdin, copies its stderr to ours as it comes, and waits for its one ready line on stdout;
 :func:`stop` closes its stdin (it frees its model and exits) and kills it after a grace.
+
+Each child's socket is in a private folder, ``<temp dir>/talkies-engine-*``, removed when the
+child is discarded. A server killed with ``SIGKILL`` cannot remove its folders, so each holds
+an exclusive ``flock`` on its folder's ``owner.lock`` for as long as the folder is in use (the
+file is locked before it gets that name, so it is never seen unlocked while in use), and
+:func:`sweep_folders`, run when a server starts, removes every such folder whose lock it can
+take: the kernel let go of it when its server ended. Folders without that file (from a Talkies
+before it, or a few microseconds old) are left alone. The lock is held by the server, not the
+engine process: with its server gone, a child has no one to serve (it ends at its stdin's end).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -27,9 +38,25 @@ from ..supply.entry import ModelEntry
 from ..supply.validate import entry_json
 from .wire import HELLO
 
-__all__ = ["CLOSE_WAIT", "Spawned", "describe_exit", "discard", "spawn", "stop"]
+__all__ = [
+    "CLOSE_WAIT",
+    "FOLDER_PREFIX",
+    "OWNER_LOCK",
+    "Spawned",
+    "describe_exit",
+    "discard",
+    "spawn",
+    "stop",
+    "sweep_folders",
+]
 
 CLOSE_WAIT = 10.0  # seconds a closed child has to free its model before it is killed
+FOLDER_PREFIX = "talkies-engine-"
+OWNER_LOCK = "owner.lock"
+
+# The owner locks this process holds, by folder (released by discard()).
+_owned: dict[Path, int] = {}
+_owned_guard = threading.Lock()
 
 
 def describe_exit(status: int | None) -> str:
@@ -59,7 +86,7 @@ def spawn(
 ) -> tuple[Spawned, dict[str, Any]]:
     """Start the child, send it the request, wait for its ready line: the child and what it
     said of the model."""
-    folder = Path(tempfile.mkdtemp(prefix="talkies-engine-"))  # mode 0700
+    folder = _make_folder()
     address = str(folder / "socket")
     key = os.urandom(32)
     request = {
@@ -167,3 +194,65 @@ def discard(proc: subprocess.Popen[bytes], folder: Path, *, wait: float) -> None
     """:func:`_stop` the child and remove its socket folder."""
     stop(proc, wait=wait)
     shutil.rmtree(folder, ignore_errors=True)
+    with _owned_guard:
+        fd = _owned.pop(folder, None)
+    if fd is not None:
+        os.close(fd)  # after the folder is gone: a sweep never sees it unowned
+
+
+def _make_folder() -> Path:
+    """A private (0700) socket folder, owned by this process until :func:`discard`."""
+    folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
+    new = folder / f".{OWNER_LOCK}.new"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        fd = os.open(new, flags, 0o600)
+    except OSError:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(new, folder / OWNER_LOCK)
+    except BaseException:
+        os.close(fd)
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    with _owned_guard:
+        _owned[folder] = fd
+    return folder
+
+
+def sweep_folders(parent: Path | None = None) -> list[Path]:
+    """Remove the socket folders in ``parent`` (the temp dir) whose server has ended: this
+    user's ``talkies-engine-*`` folders whose owner lock can be taken. The folders removed."""
+    parent = Path(tempfile.gettempdir()) if parent is None else parent
+    removed: list[Path] = []
+    uid = os.geteuid()
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(FOLDER_PREFIX):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+            continue
+        try:
+            fd = os.open(Path(entry.path, OWNER_LOCK), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue  # no owner lock: not made by this code, or being made
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue  # its server is running
+        try:
+            shutil.rmtree(entry.path, ignore_errors=True)
+        finally:
+            os.close(fd)
+        removed.append(Path(entry.path))
+    return removed
