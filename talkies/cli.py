@@ -42,6 +42,11 @@ def _parser() -> argparse.ArgumentParser:
         default=10.0,
         help="seconds active streams may finish after SIGTERM/SIGINT (default 10)",
     )
+    serve.add_argument(
+        "--wyoming",
+        metavar="URI",
+        help="also serve Wyoming (Home Assistant) on tcp://HOST:PORT (TALKIES_WYOMING_URI)",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
 
     default_url = "http://127.0.0.1:8000"
@@ -130,7 +135,11 @@ def _ssl_context(certfile: str, keyfile: str | None) -> ssl.SSLContext:
 
 def _settings(args: argparse.Namespace) -> Settings:
     settings = Settings.from_env(os.environ)
-    pairs = (("host", getattr(args, "host", None)), ("port", getattr(args, "port", None)))
+    pairs = (
+        ("host", getattr(args, "host", None)),
+        ("port", getattr(args, "port", None)),
+        ("wyoming_uri", getattr(args, "wyoming", None)),
+    )
     overrides = {k: v for k, v in pairs if v is not None}
     return settings.with_overrides(**overrides) if overrides else settings
 
@@ -150,6 +159,11 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     async def run() -> None:
         async with anyio.create_task_group() as tg:
             await tg.start(server.serve)  # with the app's lifespan: TTL sweeper, unloading
+            wyoming = None
+            if settings.wyoming_uri is not None:  # Home Assistant's protocol, same pool
+                from .wyoming import WyomingServer
+
+                wyoming = await tg.start(WyomingServer(settings, pool).serve)
             pool.probe_sites()  # in the background: the page says which downloads can happen
             url = page_url(settings.host, server.port or settings.port, tls=context is not None)
             log.info("open %s in a browser", url, extra={"url": url})
@@ -161,7 +175,12 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
                         pool.refresh()
                         continue
                     log.info("shutting down", extra={"signal": signal.Signals(signum).name})
-                    await server.shutdown(args.grace)
+                    grace = args.grace
+                    if wyoming is not None:  # first: its requests use the pool serve() closes
+                        began = anyio.current_time()
+                        await wyoming.shutdown(grace)
+                        grace = max(0.0, grace - (anyio.current_time() - began))
+                    await server.shutdown(grace)
                     break
             # serve() returns once the app's lifespan has ended (models unloaded). Bounded: a
             # model's close may wait for work that never ends.
