@@ -70,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     speak = sub.add_parser("speak", help="synthesize speech and play it or write it to a file")
     speak.add_argument("text")
     speak.add_argument("--url", default=default_url)
-    speak.add_argument("--model", default="kokoro-82m")
+    speak.add_argument("--model", default="piper-en-us-joe")  # the offline English voice
     speak.add_argument("--voice", default="alloy")
     speak.add_argument(
         "--format", default="wav", choices=["wav", "pcm", "flac", "mp3", "opus", "aac"]
