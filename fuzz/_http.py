@@ -102,7 +102,7 @@ LIMITS = HttpLimits(max_head_bytes=2048, max_headers=24, read_size=4096)
 UPLOAD_CAP = 4096
 # Byte 0 of an input: bits 0-2 pick how the client's bytes are cut into socket reads.
 CHUNK_SIZES = (0, 1, 2, 7, 64, 509, 4096, 3)
-_MAX_READS = 256  # past this many reads the rest arrives at once (each read costs a loop turn)
+_MAX_READS = 64  # past this many reads the rest arrives at once (each read costs a loop turn)
 
 
 @dataclass(frozen=True, slots=True)

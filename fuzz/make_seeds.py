@@ -474,6 +474,19 @@ HTTP_SEEDS: dict[str, tuple[bytes, int, list[int]]] = {
         [200, 404],
     ),
     "method_not_allowed": (_request("PUT", "/v1/models"), 0, [405]),
+    "stream_upgrade_refused_then_next": (
+        _request(
+            "GET",
+            "/v1/audio/transcriptions/stream",
+            b"",
+            *_UPGRADE[:2],
+            "Sec-WebSocket-Version: 8",
+            _UPGRADE[3],
+        )
+        + _request("GET", "/healthz"),
+        0,
+        [426, 200],
+    ),
     "stream_route_plain": (_request("GET", "/v1/audio/transcriptions/stream"), 0, [426]),
     "stream_upgrade": (
         _request("GET", "/v1/audio/transcriptions/stream", b"", *_UPGRADE),

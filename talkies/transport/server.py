@@ -308,9 +308,18 @@ class Server:
                         code="invalid_api_key",
                         headers=[(b"www-authenticate", b"Bearer")],
                     )
+                # As any answer: "connection: close" if a body was left unread; else the end of
+                # the request is read, so that the connection serves the next one (it used to
+                # be closed unannounced; found by fuzz/fuzz_http.py).
                 await send_response(
-                    conn, stream, None, response, send_timeout=self.settings.stream_idle_timeout
+                    conn,
+                    stream,
+                    app_request,
+                    response,
+                    send_timeout=self.settings.stream_idle_timeout,
                 )
+                if app_request.body.declared == 0:
+                    await app_request.body.drain()
             else:
                 self._exchanges += 1
                 self._no_exchanges = anyio.Event() if self._exchanges == 1 else self._no_exchanges
