@@ -72,6 +72,8 @@ _CLAUSES: list[tuple[str, Callable[[re.Match[str]], tuple[str, Callable[[Any], b
     ),
     (r"stream served", lambda m: ("stream_served", lambda v: v is True)),
     (r"response cut short", lambda m: ("cut_short", lambda v: v is True)),
+    (r"every body whole", lambda m: ("torn", lambda v: v[1] > 0 and v[0] == 0)),
+    (r"nothing in use removed", lambda m: ("in_use_removed", lambda v: v[1] > 0 and v[0] == [])),
     (r"survives", lambda m: ("survives", lambda v: v is True)),
     (r"slots freed", lambda m: ("slots_freed", lambda v: v is True)),
     (r"models unloaded", lambda m: ("unloaded", lambda v: v is True)),

@@ -14,13 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from . import runners_faults
+from . import runners_faults, runners_leftovers  # noqa: F401 (registers its runners)
 from .runners_faults import FAULT_RUNNER_HOSTS, FAULT_RUNNERS, FaultHost, FaultTarget, fault_host
 from .table import Row, check, parse_outcome, rows
 
 ROWS = rows(heading="## Faults")
-SHARED = [r for r in ROWS if r.host == "process" and r.case != "sigterm"]
-ALONE = [r for r in ROWS if r not in SHARED]
+# Rows that start (and kill) processes of their own, over no Qwen3-TTS.
+OWN_PROCESSES = {"sigkill-leftovers", "second-server"}
+SHARED = [r for r in ROWS if r.host == "process" and r.case not in {"sigterm", *OWN_PROCESSES}]
+ALONE = [r for r in ROWS if r not in SHARED and r.case not in OWN_PROCESSES]
+STARTING = [r for r in ROWS if r.case in OWN_PROCESSES]
 
 # The issue's list ("Faults"): each must have a row.
 REQUIRED = {
@@ -39,6 +42,8 @@ REQUIRED = {
     "leave-mid-upload": "client disconnects: during an HTTP upload",
     "leave-mid-speech": "client disconnects: during a TTS stream",
     "sigterm": "SIGTERM with streams, uploads and TTS in flight: 1001, exit 0 within the grace",
+    "sigkill-leftovers": "issue 21, point 8: what a SIGKILL leaves is removed at the next start",
+    "second-server": "issue 21, point 8: nothing a running server uses is removed",
 }
 
 
@@ -87,4 +92,9 @@ def test_row_on_the_shared_process(shared_host: FaultHost, row: Row, tmp_path: P
 
 @pytest.mark.parametrize("row", ALONE, ids=[r.case for r in ALONE])
 def test_row(qwen3_model: Path, row: Row, tmp_path: Path) -> None:
+    check(row, FAULT_RUNNERS[row.case](FaultTarget(row, tmp_path)))
+
+
+@pytest.mark.parametrize("row", STARTING, ids=[r.case for r in STARTING])
+def test_row_with_processes_of_its_own(row: Row, tmp_path: Path) -> None:
     check(row, FAULT_RUNNERS[row.case](FaultTarget(row, tmp_path)))
