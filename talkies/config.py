@@ -230,6 +230,16 @@ def _check_device(value: object) -> list[str]:
     return ["must be one of auto, cpu, cuda, cuda:N (N = 0, 1, 2, ...)"]
 
 
+def _switch(text: str) -> object:
+    return {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}.get(
+        text.strip().lower(), text
+    )
+
+
+def _check_switch(value: object) -> list[str]:
+    return [] if isinstance(value, bool) else ["must be on or off"]
+
+
 def _check_isolation(value: object) -> list[str]:
     if value in ("process", "thread"):
         return []
@@ -350,33 +360,6 @@ def _check_host(value: object) -> list[str]:
     return ["must be a non-empty host name or IP address without whitespace"]
 
 
-def wyoming_address(uri: str) -> tuple[str, int]:
-    """(host, port) of a Wyoming server URI, ``tcp://HOST:PORT`` (an IPv6 host in brackets).
-
-    Raises ValueError with the reason."""
-    scheme, sep, rest = uri.partition("://")
-    if scheme != "tcp" or not sep:
-        raise ValueError("must be tcp://HOST:PORT (Wyoming over TCP, e.g. tcp://0.0.0.0:10300)")
-    host, colon, port = rest.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not colon or not host or _has_space_or_control(host) or "/" in host or "/" in port:
-        raise ValueError("must be tcp://HOST:PORT (Wyoming over TCP, e.g. tcp://0.0.0.0:10300)")
-    if not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError("must end with a port number from 0 to 65535")
-    return host, int(port)
-
-
-def _check_wyoming_uri(value: object) -> list[str]:
-    if value is None:
-        return []
-    try:
-        wyoming_address(str(value))
-    except ValueError as exc:
-        return [str(exc)]
-    return []
-
-
 _VARS: tuple[_Var, ...] = (
     _int_var("TALKIES_STREAM_MAX_CONNECTIONS", "stream_max_connections", 1, 1024),
     _int_var("TALKIES_STREAM_MAX_FRAME_BYTES", "stream_max_frame_bytes", 2, 16_777_216),
@@ -408,12 +391,17 @@ _VARS: tuple[_Var, ...] = (
     # 0 keeps idle models loaded; otherwise an unpinned model unused this long is unloaded.
     _duration_var("TALKIES_MODEL_TTL", "model_ttl", 0.0, 7 * 86_400.0),
     _int_var("TALKIES_QWEN3_STREAM_CHUNK_SIZE", "qwen3_stream_chunk_size", 1, 256),
+    # Whisper's voice activity detector (docs/engines.md), for entries without options of
+    # their own: on or off, the speech probability that starts an utterance, the quiet that
+    # ends one, and the audio kept around the speech.
+    _Var("TALKIES_VAD", "vad", _switch, _check_switch),
+    _real_var("TALKIES_VAD_THRESHOLD", "vad_threshold", 0.05, 0.95),
+    _duration_var("TALKIES_VAD_MIN_SILENCE", "vad_min_silence", 0.1, 10.0),
+    _duration_var("TALKIES_VAD_SPEECH_PAD", "vad_speech_pad", 0.0, 2.0),
     # HTTP request bodies (uploads, staged files, MCP): refused with 413 past this size.
     _int_var("TALKIES_MAX_UPLOAD_BYTES", "max_upload_bytes", 1, 16 * 1024**3),
     _Var("TALKIES_HOST", "host", _text, _check_host),
     _int_var("TALKIES_PORT", "port", 0, 65535),
-    # The Wyoming server (Home Assistant), tcp://HOST:PORT; unset: none.
-    _Var("TALKIES_WYOMING_URI", "wyoming_uri", _text, _check_wyoming_uri),
 )
 _KNOWN_NAMES: tuple[str, ...] = tuple(var.env for var in _VARS)
 _ENV_PREFIX = "TALKIES_"
@@ -509,10 +497,13 @@ class Settings:
     )
     model_ttl: float = 0.0
     qwen3_stream_chunk_size: int = 8
+    vad: bool = True
+    vad_threshold: float = 0.5
+    vad_min_silence: float = 0.6
+    vad_speech_pad: float = 0.3
     max_upload_bytes: int = 100 * 1024 * 1024
     host: str = "127.0.0.1"
     port: int = 8000
-    wyoming_uri: str | None = None
 
     def __post_init__(self) -> None:
         self._normalize()
@@ -527,6 +518,9 @@ class Settings:
             "stream_max_duration",
             "decode_timeout",
             "model_ttl",
+            "vad_threshold",
+            "vad_min_silence",
+            "vad_speech_pad",
         ):
             value = getattr(self, name)
             if _is_int(value):

@@ -381,7 +381,9 @@ def tiny_model(tiny_dir: Path) -> Iterator[Any]:
         pytest.skip("pywhispercpp not installed")
     from talkies.engines.whisper import load
 
-    model = load(entry(tiny_dir), tiny_dir, "cpu")
+    # The rolling window alone: random weights on noise (which the voice activity detector
+    # rightly hears as no speech) exercise its decodes; test_whisper_utterances covers VAD.
+    model = load(entry(tiny_dir, vad=False), tiny_dir, "cpu")
     yield model
     model.close()
 
@@ -561,10 +563,12 @@ def test_base_streaming_accuracy_matches_offline(base_model: Any) -> None:
             events = stream_over_websocket(server.url, "whisper-base", clip.pcm)
             final = events[-2]
             assert final["type"] == "final" and final["is_final"]
-            assert not [e for e in events if e["type"] == "endpoint"]
             partials = [e for e in events if e["type"] == "partial"]
             assert all(a["text"] != b["text"] for a, b in itertools.pairwise(partials))
-            rows.append((clip, offline, final["text"], len(partials)))
+            # Pauses end utterances (endpoints, voice activity); the client's transcript is
+            # every endpoint's text, then the final's.
+            said = [e["text"] for e in events if e["type"] in ("endpoint", "final") and e["text"]]
+            rows.append((clip, offline, " ".join(said), len(partials)))
     log.warning("base accuracy test took %.1f s", time.perf_counter() - started)
     pooled = {"offline": [0, 0], "streaming": [0, 0]}
     for clip, offline, streamed, n_partials in rows:

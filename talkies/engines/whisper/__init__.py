@@ -1,13 +1,18 @@
-"""``whisper``: rolling-window live ASR over whisper.cpp (the ``pywhispercpp`` binding).
+"""``whisper``: live ASR over whisper.cpp (the ``pywhispercpp`` binding): utterances cut by
+voice activity, each rolled, then decoded whole.
 
 Modules: :mod:`.config` (entry options), :mod:`.ggml` (model files), :mod:`.native` (the
-binding), :mod:`.model` (:class:`WhisperModel`), :mod:`.rolling` (the rolling policy),
+binding), :mod:`.model` (:class:`WhisperModel`), :mod:`.utterances` (voice activity:
+utterances and endpoints), :mod:`.rolling` (the rolling policy within an utterance),
 :mod:`.files` (whole files).
 
-Whisper is not a streaming model: it transcribes a buffer. A stream therefore keeps a bounded
-window of recent PCM and re-decodes it (spec: "rolling: Re-decodes a bounded PCM window and
-emits changed partial revisions"). There is no native endpoint, so no EngineEndpoint is ever
-produced; the final transcript covers the whole stream.
+Whisper is not a streaming model: it transcribes a buffer. A stream is cut into utterances by
+the runtime's voice activity detector (:mod:`talkies.engines.runtime.vad`; option ``vad``,
+default on): silence is not decoded, each utterance is decoded whole once at its pause and
+sent as an endpoint (:mod:`.utterances`; docs/engines.md). Within an utterance, and over the
+whole stream with ``vad`` off (no endpoints then: the final covers the whole stream), a bounded
+window of recent PCM is re-decoded (spec: "rolling: Re-decodes a bounded PCM window and emits
+changed partial revisions"):
 
 Rolling policy (per stream)
 ---------------------------
@@ -102,6 +107,7 @@ from .rolling import (
     choose_cut,
     drop_repeated_start,
 )
+from .utterances import UtteranceRecognition
 
 __all__ = [
     "EXECUTORS",
@@ -111,6 +117,7 @@ __all__ = [
     "Decoder",
     "GgmlInfo",
     "RollingConfig",
+    "UtteranceRecognition",
     "WhisperModel",
     "WhisperRecognition",
     "choose_cut",
@@ -128,11 +135,20 @@ __all__ = [
 
 def with_window(entry: ModelEntry, settings: Settings) -> ModelEntry:
     """The entry as the server runs it: without a ``window_seconds`` of its own, the rolling
-    window is the server's buffer (TALKIES_STREAM_MAX_BUFFER_SECONDS)."""
-    if "window_seconds" in entry.options:
+    window is the server's buffer (TALKIES_STREAM_MAX_BUFFER_SECONDS); without voice activity
+    options of its own, the server's (TALKIES_VAD, TALKIES_VAD_THRESHOLD,
+    TALKIES_VAD_MIN_SILENCE, TALKIES_VAD_SPEECH_PAD)."""
+    server = {
+        "window_seconds": settings.stream_max_buffer_seconds,
+        "vad": settings.vad,
+        "vad_threshold": settings.vad_threshold,
+        "vad_min_silence_seconds": settings.vad_min_silence,
+        "vad_speech_pad_seconds": settings.vad_speech_pad,
+    }
+    missing = {key: value for key, value in server.items() if key not in entry.options}
+    if not missing:
         return entry
-    options = {**entry.options, "window_seconds": settings.stream_max_buffer_seconds}
-    return replace(entry, options=MappingProxyType(options))
+    return replace(entry, options=MappingProxyType({**entry.options, **missing}))
 
 
 EXECUTORS = (

@@ -11,6 +11,7 @@ from typing import Any
 
 from ...protocol.events import SAMPLE_RATE
 from ..options import int_option, number_option
+from ..runtime.vad import VadConfig
 
 __all__ = [
     "MIN_DECODE_SAMPLES",
@@ -42,6 +43,25 @@ class RollingConfig:
     final_audio_ctx: int = 768
     language: str = "en"  # when the client gives none
     model_file: str | None = None
+    # Voice activity detection (:mod:`talkies.engines.runtime.vad`): utterances cut at pauses,
+    # each decoded whole once and sent as an endpoint; silence is not decoded. Off: the
+    # rolling window alone, over the whole stream, with no endpoints.
+    vad: bool = True
+    vad_threshold: float = 0.5
+    vad_min_silence_seconds: float = 0.6
+    vad_speech_pad_seconds: float = 0.3
+    vad_min_speech_seconds: float = 0.2
+
+    @property
+    def vad_config(self) -> VadConfig | None:
+        if not self.vad:
+            return None
+        return VadConfig(
+            threshold=self.vad_threshold,
+            min_silence_seconds=self.vad_min_silence_seconds,
+            speech_pad_seconds=self.vad_speech_pad_seconds,
+            min_speech_seconds=self.vad_min_speech_seconds,
+        )
 
     @property
     def window_samples(self) -> int:
@@ -75,7 +95,15 @@ def resolve_config(options: Mapping[str, Any]) -> RollingConfig:
     model_file = options.get("model_file")
     if model_file is not None and (not isinstance(model_file, str) or not model_file):
         raise ValueError(f"option 'model_file' must be a file name, got {model_file!r}")
+    vad = options.get("vad", True)
+    if not isinstance(vad, bool):
+        raise ValueError(f"option 'vad' must be true or false, got {vad!r}")
     return RollingConfig(
+        vad=vad,
+        vad_threshold=number_option(options, "vad_threshold", 0.5, 0.05, 0.95),
+        vad_min_silence_seconds=number_option(options, "vad_min_silence_seconds", 0.6, 0.1, 10.0),
+        vad_speech_pad_seconds=number_option(options, "vad_speech_pad_seconds", 0.3, 0.0, 2.0),
+        vad_min_speech_seconds=number_option(options, "vad_min_speech_seconds", 0.2, 0.0, 5.0),
         window_seconds=window,
         refresh_seconds=refresh,
         keep_seconds=keep,
@@ -88,11 +116,15 @@ def resolve_config(options: Mapping[str, Any]) -> RollingConfig:
     )
 
 
-def encoder_positions(config: RollingConfig, *, final: bool, n_audio_ctx: int = 1500) -> int:
-    """The ``audio_ctx`` of a decode: never shorter than the window it must hold."""
+def encoder_positions(
+    config: RollingConfig, *, final: bool, n_audio_ctx: int = 1500, samples: int = 0
+) -> int:
+    """The ``audio_ctx`` of a decode: never shorter than the window, nor than the ``samples``
+    it decodes (an utterance may be longer than the window: :mod:`.utterances`)."""
     window = -(-math.ceil(config.window_seconds * 50) // 64) * 64  # 20 ms per position
+    needed = -(-math.ceil(samples * 50 / SAMPLE_RATE) // 64) * 64
     wanted = config.final_audio_ctx if final else (config.audio_ctx or window)
-    return min(max(wanted, window), n_audio_ctx)
+    return min(max(wanted, window, needed), n_audio_ctx)
 
 
 def commit_samples(config: RollingConfig, *, n_audio_ctx: int = 1500) -> int:

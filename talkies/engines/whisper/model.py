@@ -25,6 +25,7 @@ from ..base import (
     TranscriptionRequest,
 )
 from ..runtime import RecognitionModel
+from ..runtime.vad import SileroVad
 from ..supply.entry import ModelEntry
 from .config import MIN_DECODE_SAMPLES, RollingConfig, encoder_positions, resolve_config
 from .files import file_params, file_segments
@@ -32,6 +33,7 @@ from .ggml import ggml_for, inspect_ggml, model_path
 from .markers import speech_mask
 from .native import Native
 from .rolling import Decoded, DecodedWord, DecodeRequest, WhisperRecognition
+from .utterances import UtteranceRecognition
 
 __all__ = ["WhisperModel", "load"]
 
@@ -72,6 +74,12 @@ class WhisperModel(RecognitionModel):
         self._eot = int(pw.whisper_token_eot(self._contexts[0]))
         self._closed = False
         self.decodes = 0  # decodes run, for tests and benchmarks
+        try:
+            if config.vad:
+                SileroVad.shared()  # load the detector with the model, not with a stream
+        except (RuntimeError, ImportError, OSError) as exc:
+            self.close()
+            raise EngineUnavailable(f"model {slug!r}: voice activity detection: {exc}") from None
         try:
             self.language_for(None)  # the entry's default language must be one Whisper knows
         except Refusal as exc:
@@ -131,7 +139,10 @@ class WhisperModel(RecognitionModel):
         params.print_special = False
         params.suppress_blank = True
         params.audio_ctx = encoder_positions(
-            self.config, final=request.final, n_audio_ctx=self.info.hparams.n_audio_ctx
+            self.config,
+            final=request.final,
+            n_audio_ctx=self.info.hparams.n_audio_ctx,
+            samples=samples,
         )
         # A bound on runaway repetition: ~12 tokens a second of audio is far above speech.
         params.max_tokens = 32 + math.ceil(samples / SAMPLE_RATE * 12)
@@ -196,9 +207,22 @@ class WhisperModel(RecognitionModel):
 
     # -- streams ---------------------------------------------------------------------------
 
-    def recognition(self, options: StartOptions) -> WhisperRecognition:
+    def recognition(self, options: StartOptions) -> WhisperRecognition | UtteranceRecognition:
+        """A stream: VAD-cut utterances (:mod:`.utterances`), or with ``vad`` off the rolling
+        window over the whole stream (:mod:`.rolling`)."""
         if self._closed:
             raise EngineUnavailable(f"model {self.slug!r} was unloaded")
+        vad = self.config.vad_config
+        if vad is not None:
+            return UtteranceRecognition(
+                self,
+                self.config,
+                SileroVad.shared().stream(vad),
+                language=self.language_for(options.language),
+                word_timestamps=options.word_timestamps,
+                interim_results=options.interim_results,
+                n_audio_ctx=self.info.hparams.n_audio_ctx,
+            )
         return WhisperRecognition(
             self,
             self.config,

@@ -149,7 +149,14 @@ class WhisperRecognition:
     # -- Recognition -----------------------------------------------------------------------
 
     def accept(self, pcm: bytes) -> Sequence[EngineUpdate]:
-        samples = self._samples(pcm)
+        return self.accept_samples(self._samples(pcm))
+
+    def accept_samples(
+        self, samples: npt.NDArray[np.float32], *, refresh: bool = True
+    ) -> Sequence[EngineUpdate]:
+        """``accept`` for float samples. ``refresh=False`` buffers them (committing at
+        window overflow, which bounds the buffer) without a hypothesis decode: the caller
+        (:mod:`.utterances`) knows the utterance ends right after them."""
         if samples.size == 0:
             return []
         self._audio = np.concatenate([self._audio, samples])
@@ -160,7 +167,8 @@ class WhisperRecognition:
         while self._audio.size > self.config.window_samples:
             self._commit()  # covers the whole backlog (up to its span): the newest audio
             decoded = True
-        if self.interim_results and self._undecoded and self._heard >= (self._due or period):
+        due = self._heard >= (self._due or period)
+        if refresh and self.interim_results and self._undecoded and due:
             self._refresh()
             decoded = True
         if not decoded:
@@ -194,6 +202,11 @@ class WhisperRecognition:
     @property
     def buffered_seconds(self) -> float:
         return self._audio.size / SAMPLE_RATE
+
+    @property
+    def language_found(self) -> str | None:
+        """The language detected and kept for an "auto" stream (None until then)."""
+        return self._locked_language
 
     @property
     def committed_text(self) -> str:
