@@ -360,6 +360,33 @@ def _check_host(value: object) -> list[str]:
     return ["must be a non-empty host name or IP address without whitespace"]
 
 
+def wyoming_address(uri: str) -> tuple[str, int]:
+    """(host, port) of a Wyoming server URI, ``tcp://HOST:PORT`` (an IPv6 host in brackets).
+
+    Raises ValueError with the reason."""
+    scheme, sep, rest = uri.partition("://")
+    if scheme != "tcp" or not sep:
+        raise ValueError("must be tcp://HOST:PORT (Wyoming over TCP, e.g. tcp://0.0.0.0:10300)")
+    host, colon, port = rest.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not colon or not host or _has_space_or_control(host) or "/" in host or "/" in port:
+        raise ValueError("must be tcp://HOST:PORT (Wyoming over TCP, e.g. tcp://0.0.0.0:10300)")
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError("must end with a port number from 0 to 65535")
+    return host, int(port)
+
+
+def _check_wyoming_uri(value: object) -> list[str]:
+    if value is None:
+        return []
+    try:
+        wyoming_address(str(value))
+    except ValueError as exc:
+        return [str(exc)]
+    return []
+
+
 _VARS: tuple[_Var, ...] = (
     _int_var("TALKIES_STREAM_MAX_CONNECTIONS", "stream_max_connections", 1, 1024),
     _int_var("TALKIES_STREAM_MAX_FRAME_BYTES", "stream_max_frame_bytes", 2, 16_777_216),
@@ -402,6 +429,8 @@ _VARS: tuple[_Var, ...] = (
     _int_var("TALKIES_MAX_UPLOAD_BYTES", "max_upload_bytes", 1, 16 * 1024**3),
     _Var("TALKIES_HOST", "host", _text, _check_host),
     _int_var("TALKIES_PORT", "port", 0, 65535),
+    # The Wyoming server (Home Assistant), tcp://HOST:PORT; unset: none.
+    _Var("TALKIES_WYOMING_URI", "wyoming_uri", _text, _check_wyoming_uri),
 )
 _KNOWN_NAMES: tuple[str, ...] = tuple(var.env for var in _VARS)
 _ENV_PREFIX = "TALKIES_"
@@ -504,6 +533,7 @@ class Settings:
     max_upload_bytes: int = 100 * 1024 * 1024
     host: str = "127.0.0.1"
     port: int = 8000
+    wyoming_uri: str | None = None
 
     def __post_init__(self) -> None:
         self._normalize()
