@@ -639,6 +639,18 @@ HTTP_SEEDS: dict[str, tuple[bytes, int, list[int]]] = {
     ),
     "many_headers": (_request("GET", "/healthz", b"", *[f"X-{i}: v" for i in range(30)]), 0, [431]),
     "head_too_large": (_request("GET", "/healthz", b"", "X-Pad: " + "p" * 2100), 0, [431]),
+    "head_framed_two_ways": (
+        _request(
+            "HEAD", "/v1/audio/speech", b"", "Content-Length: 4", "Transfer-Encoding: chunked"
+        ),
+        0,
+        [400],
+    ),
+    "head_too_many_headers": (
+        _request("HEAD", "/healthz", b"", *[f"X-{i}: v" for i in range(30)]),
+        0,
+        [431],
+    ),
     "bad_request_line": (b"GET /\x00 HTTP/1.1\r\n\r\n", 0, [400]),
     "body_cut_short": (_speech()[:-10], 0, []),
     "head_cut_short": (b"GET /healthz HTTP/1.1\r\nHo", 0, [400]),

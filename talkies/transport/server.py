@@ -259,14 +259,21 @@ class Server:
         return event if isinstance(event, h11.Request) else None
 
     async def _reply_error(
-        self, conn: h11.Connection, stream: anyio.abc.ByteStream, status: int, message: str
+        self,
+        conn: h11.Connection,
+        stream: anyio.abc.ByteStream,
+        status: int,
+        message: str,
+        request: Request | None = None,
     ) -> None:
-        """A transport-level refusal (malformed or oversized head, too slow), then close."""
+        """A transport-level refusal (malformed or oversized head, too slow, framed two ways),
+        then close. ``request``, once its head is parsed: a HEAD's answer has no body (h11
+        refuses to send one, and the answer was lost; found by fuzz/fuzz_http.py)."""
         if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
         with suppress(h11.LocalProtocolError, TimeoutError, *_READ_ERRORS):
             response = error_response(status, message, code="http_error")
-            await send_response(conn, stream, None, response, send_timeout=5.0, close=True)
+            await send_response(conn, stream, request, response, send_timeout=5.0, close=True)
 
     async def _serve_http(self, stream: anyio.abc.ByteStream) -> None:
         limits = self.options.http
