@@ -33,7 +33,8 @@ The oracle (:func:`check_http_input`) -- "never a 500, never a traceback, never 
   (but HEAD's, and ``/mcp``'s from the MCP SDK, in MCP's own shapes);
 - every request the server could read whole is answered, unless the server closed the
   connection after an earlier answer (``connection: close``, or a 101); no answer is to a
-  request that was not sent; an answer to a head that does not parse is a 4xx and closes;
+  request that was not sent; an answer to a head that does not parse is a 4xx and closes, one
+  to a request with both ``Content-Length`` and ``Transfer-Encoding`` a 400 that closes;
 - afterwards no model slot is held and no temporary upload is left in the data folder.
 """
 
@@ -308,6 +309,7 @@ class _Sent:
     target: bytes
     complete: bool  # its head and body arrived whole (or its head failed to parse)
     malformed: bool = False
+    framed_twice: bool = False  # both Content-Length and Transfer-Encoding (RFC 9112 6.1)
 
 
 @dataclass
@@ -336,7 +338,9 @@ def _requests(data: bytes) -> list[_Sent]:
                 out.append(_Sent(b"", b"", complete=answerable, malformed=True))
             return out
         if isinstance(event, h11.Request):
-            current = _Sent(bytes(event.method), bytes(event.target), complete=False)
+            names = {name for name, _ in event.headers}
+            twice = {b"content-length", b"transfer-encoding"} <= names
+            current = _Sent(bytes(event.method), bytes(event.target), False, framed_twice=twice)
             out.append(current)
         elif isinstance(event, h11.EndOfMessage):
             assert current is not None
@@ -463,6 +467,10 @@ def _check_responses(report: HttpReport) -> None:
             _check_error_shape(response, sent)
         if sent.malformed and (response.status < 400 or not response.closes):
             raise InvariantViolation(f"a malformed head answered {response.status}, kept open")
+        if sent.framed_twice and (response.status != 400 or not response.closes):
+            raise InvariantViolation(
+                f"a request framed twice answered {response.status}, closes={response.closes}"
+            )
     for index, sent in enumerate(requests[len(responses) :], start=len(responses)):
         if responses and (responses[-1].closes or responses[-1].status == 101):
             return  # the server closed the connection after its last answer

@@ -130,6 +130,11 @@ _GET = _Sent(b"GET", b"/v1/models", complete=True)
             _response(400, _OPENAI),
             "malformed head answered",
         ),
+        (
+            [_Sent(b"POST", b"/v1/audio/speech", complete=True, framed_twice=True)],
+            _response(400, _OPENAI),
+            "a request framed twice answered 400, closes=False",
+        ),
     ],
 )
 def test_undocumented_answers_are_findings(
@@ -165,6 +170,8 @@ def test_the_offline_parse_reads_as_the_server_does() -> None:
         (b"POST", b"/c", False),
     ]
     assert _requests(b"\x00 nonsense\r\n\r\n")[0].malformed
+    both = b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    assert _requests(both)[0].framed_twice and not sent[2].framed_twice
     assert not _requests(b"GET /a HTTP/1.1\r\nHo")[0].complete  # cut short: no answer due
 
 
