@@ -19,8 +19,10 @@ from .clients import connect, send_in_background
 from .runners import Facts, Target, runner
 
 _GETS = 400
-_OLD = b"old-" * 25_000  # 100,000 bytes
-_NEW = b"NEW!" * 250_000  # 1,000,000 bytes
+# Whole multiples of the body's 256 KiB chunks: a body torn between the two can end exactly at
+# the length declared, looking complete (the issue's case), or short of it.
+_OLD = b"old-" * 65_536  # 262,144 bytes
+_NEW = b"NEW!" * 131_072  # 524,288 bytes
 
 
 def _request(method: bytes, path: bytes, body: bytes = b"", *headers: bytes) -> bytes:
@@ -62,7 +64,7 @@ def _shaped(response: bytes) -> int | str:
 
 @runner("files-get-during-put", "both")
 def files_get_during_put(target: Target) -> Facts:
-    """GETs of one staged path while two clients PUT it, turn about, at 100,000 and 1,000,000
+    """GETs of one staged path while two clients PUT it, turn about, at 262,144 and 524,288
     bytes: each GET must be one whole version, of the length it declared."""
     assert target.host is not None
     port = _http._port(target)
