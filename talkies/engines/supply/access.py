@@ -6,9 +6,13 @@ the last probe of each site found, and starts a probe in a thread of its own whe
 none or it is older than ``ttl``. ``talkies serve`` probes every site of its registry when
 it starts, so the answers are in by the time someone opens the page.
 
-A probe is one HEAD request to the site's root with a short timeout: any HTTP answer (even an
-error status) means the site is reachable; a failure to resolve, connect or finish TLS means
-it is not. With ``HF_HUB_OFFLINE=1`` no download happens at all, so nothing is probed.
+A probe is one TCP connection to the site's host and port (or to the proxy the environment
+names for it) with a short timeout: a connection accepted means the site is reachable; a name
+that does not resolve, a refusal or no answer means it is not. No TLS: a probe thread still
+loading CA certificates when the server exits meets OpenSSL's exit handler freeing the same
+tables, and the process dies of it (seen, one exit in eight, when the server stopped within a
+second of starting). With ``HF_HUB_OFFLINE=1`` no download happens at all, so nothing is
+probed.
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
@@ -47,16 +50,33 @@ def site_of(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
+def _address(site: str) -> tuple[str, int, str]:
+    """Where a connection to ``site`` goes: its host and port, or its proxy's (as urllib
+    reads ``https_proxy``, ``no_proxy``...), and what to call that in a message."""
+    parts = urllib.parse.urlsplit(site)
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if proxy and not urllib.request.proxy_bypass(host):
+        through = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+        if through.hostname:
+            place = f"{through.hostname}:{through.port or 80}"
+            return through.hostname, through.port or 80, f"its proxy {place}: "
+    return host, port, ""
+
+
 def probe(site: str) -> str | None:
-    """One HEAD request to ``site``; None when it answered, else why not (one line)."""
-    request = urllib.request.Request(site + "/", method="HEAD")
+    """One TCP connection to ``site`` (or its proxy); None when it was accepted, else why
+    not (one line)."""
     try:
-        with urllib.request.urlopen(request, timeout=_TIMEOUT):
+        host, port, via = _address(site)
+    except ValueError as exc:  # a malformed port in the site or the proxy
+        return f"ValueError: {exc}"
+    try:
+        with socket.create_connection((host, port), timeout=_TIMEOUT):
             return None
-    except urllib.error.HTTPError:
-        return None  # an answer, whatever it says
-    except (OSError, ValueError) as exc:
-        return _why(exc.reason if isinstance(exc, urllib.error.URLError) else exc)
+    except OSError as exc:
+        return via + _why(exc)
 
 
 def _why(reason: object) -> str:
