@@ -509,14 +509,35 @@ class _Harness:
     lifespan: asyncio.Task[None]
 
 
+def _data_dir() -> Path:
+    """A data folder for this process, in memory where there is a tmpfs (staged files are
+    written and removed all the time). libFuzzer ends a process without Python's exit
+    handlers, so the folders of processes that are gone are removed here, at the next start."""
+    shm = Path("/dev/shm")
+    parent = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    for old in parent.glob("talkies-fuzz-http-*-*"):
+        pid = old.name.split("-")[3]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    folder = Path(tempfile.mkdtemp(prefix=f"talkies-fuzz-http-{os.getpid()}-", dir=parent))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @functools.cache
 def _harness() -> _Harness:
     """One server, data folder and event loop for every input of the process."""
-    # In memory where there is a tmpfs: staged files are written and removed all the time.
-    shm = Path("/dev/shm")
-    folder = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
-    data_dir = Path(tempfile.mkdtemp(prefix="talkies-fuzz-http-", dir=folder))
-    atexit.register(shutil.rmtree, data_dir, ignore_errors=True)
+    data_dir = _data_dir()
     settings = Settings(
         host="127.0.0.1",
         port=0,
