@@ -295,11 +295,11 @@ class Server:
             )
             problem = limits.head_problem(app_request)
             if problem is not None:
-                await self._reply_error(conn, stream, 431, problem)
+                await self._reply_error(conn, stream, 431, problem, app_request)
                 return
             problem = framing_problem(app_request)
             if problem is not None:
-                await self._reply_error(conn, stream, 400, problem)
+                await self._reply_error(conn, stream, 400, problem, app_request)
                 return
             if _is_upgrade(request):
                 check = upgrade_problem(request)
