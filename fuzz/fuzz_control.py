@@ -18,6 +18,8 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a script: make ``fuzz`` and ``talkies`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from fuzz import _harness
+
 try:
     import atheris  # type: ignore[import-untyped]
 except ImportError:  # the harness stays importable (and replayable) without atheris
@@ -41,24 +43,11 @@ def check_one(data: bytes) -> None:
 
 def replay(path: str | Path) -> int:
     """Check one file, or every file under a directory; return how many were checked."""
-    root = Path(path)
-    files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
-    for file in files:
-        try:
-            check_one(file.read_bytes())
-        except Exception as exc:
-            exc.add_note(f"input: {file}")
-            raise
-    return len(files)
+    return _harness.replay(check_one, path)
 
 
 def main(argv: list[str]) -> None:
-    if atheris is None:
-        sys.exit("atheris is not installed; `pip install atheris` (Linux, Python < 3.13)")
-    atheris.enabled_hooks.add("RegEx")
-    atheris.enabled_hooks.add("str")
-    atheris.Setup(argv, check_one)
-    atheris.Fuzz()
+    _harness.main(argv, atheris, check_one, hooks=("RegEx", "str"))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a script: make ``fuzz`` and ``talkies`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from fuzz import _harness
+
 try:
     import atheris  # type: ignore[import-untyped]
 except ImportError:  # the harness stays importable (and replayable) without atheris
@@ -44,15 +46,7 @@ def check_one(data: bytes) -> WireReport:
 
 def replay(path: str | Path) -> int:
     """Check one file, or every file under a directory; return how many were checked."""
-    root = Path(path)
-    files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
-    for file in files:
-        try:
-            check_one(file.read_bytes())
-        except Exception as exc:
-            exc.add_note(f"input: {file}")
-            raise
-    return len(files)
+    return _harness.replay(check_one, path)
 
 
 def explain(data: bytes) -> list[str]:
@@ -72,14 +66,7 @@ def explain(data: bytes) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) == 3 and argv[1] == "--explain":
-        for line in explain(Path(argv[2]).read_bytes()):
-            print(line)
-        return
-    if atheris is None:
-        sys.exit("atheris is not installed; `pip install atheris` (Linux, Python < 3.13)")
-    atheris.Setup(argv, check_one)
-    atheris.Fuzz()
+    _harness.main(argv, atheris, check_one, explain=explain)
 
 
 if __name__ == "__main__":
