@@ -8,9 +8,12 @@ streamed the upload under its size cap, and runs two child processes, never thro
    other file that is not audio becomes :class:`AudioError`, whose message is written for the
    client (the HTTP layer answers 400 with it); ffmpeg's own words, which name the server's
    temporary path, go to the log only.
-2. ``ffmpeg`` decodes the first audio stream to s16le on a pipe. The PCM is read as it comes,
-   and decoding stops with :class:`AudioError` as soon as it passes ``max_seconds``: memory
-   is bounded by the limit, not by the upload.
+2. ``ffmpeg`` decodes the first audio stream to s16le on a pipe. :func:`decode_to` hands the
+   PCM on in chunks of :data:`CHUNK_BYTES` as it comes, and reads no further while the
+   receiver is busy (ffmpeg's pipe fills and ffmpeg waits), so a file transcription holds a
+   few chunks however long the file; :func:`decode` keeps it whole, for short clips.
+   Decoding stops with :class:`AudioError` as soon as it passes ``max_seconds`` (and a
+   container that says it is clearly longer is refused before decoding starts).
 
 Only local files are read (``-protocol_whitelist file``) and only the demuxers of
 :data:`INPUT_FORMATS` may open them (``-format_whitelist``): an uploaded HLS playlist, ffconcat
@@ -36,7 +39,7 @@ import shutil
 import signal
 import tempfile
 import wave
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,12 +50,15 @@ import anyio
 from anyio.abc import ByteReceiveStream, Process
 
 __all__ = [
+    "CHUNK_BYTES",
     "INPUT_FORMATS",
     "SAMPLE_RATE",
     "SPEECH_FORMATS",
     "AudioError",
     "Probe",
+    "check_duration",
     "decode",
+    "decode_to",
     "encode",
     "probe",
     "wav_bytes",
@@ -62,6 +68,7 @@ log = logging.getLogger("talkies.audio")
 
 SAMPLE_RATE = 16000  # the engines' PCM: s16le, mono (spec, "Start and audio contract")
 _BYTES_PER_SECOND = SAMPLE_RATE * 2
+CHUNK_BYTES = 2 * _BYTES_PER_SECOND  # PCM handed on at a time by decode_to (2 s)
 
 # ffmpeg demuxer names allowed to open an upload: the formats OpenAI's transcription endpoint
 # takes (flac, mp3, mp4, mpeg, mpga, m4a, ogg, wav, webm) and a few other plain audio
@@ -274,24 +281,50 @@ async def probe(path: str | os.PathLike[str]) -> Probe:
     return result
 
 
-async def decode(path: str | os.PathLike[str], *, max_seconds: float) -> bytes:
-    """The first audio stream of ``path`` as 16 kHz mono s16le PCM.
+def check_duration(info: Probe, max_seconds: float) -> None:
+    """:class:`AudioError` when the container says the audio is clearly longer than
+    ``max_seconds``, before anything is decoded. Only clearly: a duration some containers
+    estimate (a VBR MP3 without a header) may be off by a few percent, so this allows 5% and
+    a second; decoding itself stops at the exact limit."""
+    if info.duration is not None and info.duration > max_seconds * 1.05 + 1.0:
+        raise AudioError(f"the audio is longer than the limit of {max_seconds:g} seconds")
 
-    Raises :class:`AudioError` (a message for the client) when the file is not audio, cannot
-    be decoded, holds no samples, or is longer than ``max_seconds``; decoding stops as soon as
-    the limit is passed, so at most ``max_seconds`` of PCM is ever held.
+
+async def decode_to(
+    path: str | os.PathLike[str],
+    sink: Callable[[bytes], Awaitable[None]],
+    *,
+    max_seconds: float,
+    chunk_bytes: int = CHUNK_BYTES,
+    info: Probe | None = None,
+) -> int:
+    """Decode the first audio stream of ``path`` to 16 kHz mono s16le PCM, handing it to
+    ``sink`` in chunks of ``chunk_bytes`` (the last may be shorter; all hold whole samples) as
+    ffmpeg makes it; the number of bytes handed over.
+
+    Nothing but the chunk being filled is held here: while ``sink`` waits, ffmpeg's output
+    is not read, its pipe fills and ffmpeg waits too. ``info`` is the file's :func:`probe`,
+    when the caller made it already. Raises :class:`AudioError` (a message for the client)
+    when the file is not audio, cannot be decoded, holds no samples, or is longer than
+    ``max_seconds``; decoding stops as soon as the limit is passed (what was handed over
+    before stays handed over).
     """
     if not max_seconds > 0 or not math.isfinite(max_seconds):
         raise ValueError(f"max_seconds must be a positive number, got {max_seconds!r}")
-    info = await probe(path)
+    if chunk_bytes < 2 or chunk_bytes % 2:
+        raise ValueError("chunk_bytes must be a positive even number")
+    if info is None:
+        info = await probe(path)
+    check_duration(info, max_seconds)
     name = _file_path(path)
     limit = int(max_seconds * SAMPLE_RATE) * 2
     args = [_tool("ffmpeg"), "-nostdin", "-hide_banner", "-loglevel", "error"]
     args += _input_args(name)
     args += ["-map", "0:a:0", "-vn", "-ac", "1", "-ar", str(SAMPLE_RATE)]
     args += ["-c:a", "pcm_s16le", "-f", "s16le", "pipe:1"]
-    pcm = bytearray()
+    pending = bytearray()
     err = bytearray()
+    total = 0
     too_long = False
     async with _child(args) as process:
         async with anyio.create_task_group() as tg:
@@ -299,11 +332,16 @@ async def decode(path: str | os.PathLike[str], *, max_seconds: float) -> bytes:
             assert process.stdout is not None
             with suppress(anyio.EndOfStream):
                 while True:
-                    pcm += await process.stdout.receive(_READ_SIZE)
-                    if len(pcm) > limit:
+                    pending += await process.stdout.receive(min(_READ_SIZE, chunk_bytes))
+                    if total + len(pending) > limit:
                         too_long = True
                         _kill(process)  # stop decoding now; _child reaps it
                         break
+                    if len(pending) >= chunk_bytes:
+                        chunk = bytes(pending[:chunk_bytes])
+                        del pending[:chunk_bytes]
+                        total += len(chunk)
+                        await sink(chunk)
         status = None if too_long else await process.wait()
     if too_long:
         raise AudioError(f"the audio is longer than the limit of {max_seconds:g} seconds")
@@ -314,9 +352,28 @@ async def decode(path: str | os.PathLike[str], *, max_seconds: float) -> bytes:
             extra={"status": status, "reason": reason, "format": info.format_name},
         )
         raise AudioError("the audio could not be decoded; the file may be corrupt or truncated")
-    del pcm[len(pcm) - len(pcm) % 2 :]
-    if not pcm:
+    del pending[len(pending) - len(pending) % 2 :]
+    if pending:
+        total += len(pending)
+        await sink(bytes(pending))
+    if not total:
         raise AudioError("the file contains no audio samples")
+    return total
+
+
+async def decode(path: str | os.PathLike[str], *, max_seconds: float) -> bytes:
+    """The first audio stream of ``path`` as 16 kHz mono s16le PCM, whole (for short clips;
+    a file transcription streams it instead: :func:`decode_to`).
+
+    Raises :class:`AudioError` as :func:`decode_to` does; at most ``max_seconds`` of PCM is
+    ever held.
+    """
+    pcm = bytearray()
+
+    async def keep(chunk: bytes) -> None:
+        pcm.extend(chunk)
+
+    await decode_to(path, keep, max_seconds=max_seconds, chunk_bytes=_READ_SIZE)
     return bytes(pcm)
 
 

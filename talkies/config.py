@@ -22,6 +22,7 @@ Conventions for the environment:
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping
@@ -427,6 +428,8 @@ _VARS: tuple[_Var, ...] = (
     _duration_var("TALKIES_VAD_SPEECH_PAD", "vad_speech_pad", 0.0, 2.0),
     # HTTP request bodies (uploads, staged files, MCP): refused with 413 past this size.
     _int_var("TALKIES_MAX_UPLOAD_BYTES", "max_upload_bytes", 1, 16 * 1024**3),
+    # File transcriptions (HTTP and MCP) decoding at once, server-wide; more wait their turn.
+    _int_var("TALKIES_FILE_MAX_CONCURRENCY", "file_max_concurrency", 1, 1024),
     _Var("TALKIES_HOST", "host", _text, _check_host),
     _int_var("TALKIES_PORT", "port", 0, 65535),
     # The Wyoming server (Home Assistant), tcp://HOST:PORT; unset: none.
@@ -491,6 +494,13 @@ def _default_data_dir(environ: Mapping[str, str]) -> Path:
     return _home_data_dir()
 
 
+def _usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity, where the system has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
 def _rebuild_settings(kwargs: dict[str, Any]) -> Settings:
     return Settings(**kwargs)
 
@@ -531,6 +541,7 @@ class Settings:
     vad_min_silence: float = 0.6
     vad_speech_pad: float = 0.3
     max_upload_bytes: int = 100 * 1024 * 1024
+    file_max_concurrency: int = field(default_factory=_usable_cpus)
     host: str = "127.0.0.1"
     port: int = 8000
     wyoming_uri: str | None = None

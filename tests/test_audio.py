@@ -109,6 +109,17 @@ def decode(path: Path, max_seconds: float = 60.0) -> bytes:
     return anyio.run(lambda: audio.decode(path, max_seconds=max_seconds))
 
 
+def decode_unsure(path: Path, max_seconds: float) -> int:
+    """``decode_to`` as for a container that does not say how long it is (so only decoding
+    can find it too long); the bytes handed over."""
+    unsure = audio.Probe(format_name="flac", duration=None, audio_streams=1)
+
+    async def drop(chunk: bytes) -> None:
+        pass
+
+    return anyio.run(lambda: audio.decode_to(path, drop, max_seconds=max_seconds, info=unsure))
+
+
 def seconds(pcm: bytes, rate: int = SR) -> float:
     return len(pcm) / 2 / rate
 
@@ -289,14 +300,25 @@ def test_longer_than_max_seconds_is_refused_without_decoding_it_all(
         decode(files["wav"], max_seconds=2)
     assert len(decode(files["wav"], max_seconds=2.8)) == GOFORWARD.stat().st_size
     spawned.clear()
+    # The container says it holds an hour: refused before anything is decoded.
     with pytest.raises(audio.AudioError, match="longer than the limit of 30 seconds"):
         decode(long_file, max_seconds=30)
-    # Stopped at the limit: ffmpeg was killed mid-decode (an hour takes it seconds), where
-    # reading on to the end would have let it exit 0.
+    assert [(name, process.returncode) for name, process in spawned] == [("ffprobe", 0)]
+    spawned.clear()
+    # A container that does not say: decoding stops at the limit, ffmpeg killed mid-decode
+    # (an hour takes it seconds), where reading on to the end would have let it exit 0.
+    handed: list[int] = []
+
+    async def keep(chunk: bytes) -> None:
+        handed.append(len(chunk))
+
+    unsure = audio.Probe(format_name="flac", duration=None, audio_streams=1)
+    with pytest.raises(audio.AudioError, match="longer than the limit of 30 seconds"):
+        anyio.run(lambda: audio.decode_to(long_file, keep, max_seconds=30, info=unsure))
     assert [(name, process.returncode) for name, process in spawned] == [
-        ("ffprobe", 0),
         ("ffmpeg", -signal.SIGKILL),
     ]
+    assert sum(handed) <= 30 * 2 * SR and set(handed) == {audio.CHUNK_BYTES}
     assert children() == []
     with pytest.raises(ValueError, match="max_seconds"):
         decode(files["wav"], max_seconds=0)
@@ -327,7 +349,7 @@ def test_a_refused_decode_leaves_reaping_ffmpeg_to_asyncio(
     with caplog.at_level(logging.WARNING, logger="asyncio"):
         for _ in range(3):
             with pytest.raises(audio.AudioError, match="longer than the limit"):
-                decode(long_file, max_seconds=5)
+                decode_unsure(long_file, max_seconds=5)
     codes = [process.returncode for name, process in spawned if name == "ffmpeg"]
     assert codes == [-signal.SIGKILL] * 3
     assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []

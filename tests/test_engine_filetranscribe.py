@@ -224,6 +224,43 @@ def test_whisper_cancel_aborts_a_long_file(whisper_base: Any, clips: dict[str, A
     assert "forward" in result.text.lower()
 
 
+def test_whisper_file_in_chunks_is_the_whole_file_decode(
+    whisper_base: Any, clips: dict[str, Any]
+) -> None:
+    """Audio shorter than one window, pulled in 2 s chunks as the server hands it over, is
+    transcribed exactly as one decode of the whole recording was (the 24.7 s reading)."""
+    pcm = clips["librivox-joined"].pcm
+    request = TranscriptionRequest(language="en", word_timestamps=True)
+    chunks = (pcm[i : i + 64_000] for i in range(0, len(pcm), 64_000))
+    streamed = whisper_base.transcribe(chunks, request)
+    samples = np.frombuffer(pcm, dtype="<i2")
+    _, whole = whisper_base._transcribe_window(samples, request, "en", None)  # the old path
+    assert streamed.segments == whole
+    assert streamed.duration == pytest.approx(len(pcm) / 2 / SR)
+
+
+def test_whisper_long_files_are_decoded_a_window_at_a_time(
+    whisper_base: Any, clips: dict[str, Any]
+) -> None:
+    """Windows shortened to 5 s (their last 2 s searched for a pause): "go forward ten
+    meters" three times, 1.2 s of silence after each, is three phrases cut in their pauses,
+    with times counted from the start of the file."""
+    phrase = clips["goforward"].pcm + bytes(round(1.2 * SR) * 2)
+    pcm = phrase * 3
+    before = whisper_base.decodes
+    try:
+        whisper_base.file_window, whisper_base.file_cut_search = 5.0, 2.0
+        result = whisper_base.transcribe(pcm, TranscriptionRequest(language="en"))
+    finally:
+        whisper_base.file_window, whisper_base.file_cut_search = 300.0, 20.0
+    assert whisper_base.decodes - before >= 3  # one decode per window
+    check_structure(result, pcm, words=False)
+    assert result.text.lower().count("forward") == 3, result.text
+    unit = len(phrase) / 2 / SR
+    starts = [s.start for s in result.segments if "forward" in s.text.lower()]
+    assert [round(start / unit) for start in starts] == [0, 1, 2], starts  # each in its phrase
+
+
 def test_whisper_handles_silence_and_tiny_input(whisper_base: Any) -> None:
     short = bytes(2 * 800)  # 50 ms: below whisper.cpp's 100 ms minimum, padded
     result = whisper_base.transcribe(short, TranscriptionRequest(language="en"))

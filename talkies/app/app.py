@@ -80,7 +80,12 @@ class TalkiesApp:
         self.streams = StreamRoute(settings, provider, self.stream_slots)
         self.files = FileStore(settings.data_dir / "files")
         self.tmp_dir = settings.data_dir / "tmp"
-        self.mcp = McpEndpoint(settings, pool=self.pool, files=self.files, tmp_dir=self.tmp_dir)
+        # Turns for file transcriptions' decoding (HTTP and MCP), server-wide: a request past
+        # the bound waits for one, so many uploads queue rather than multiply memory.
+        self.decodes = anyio.CapacityLimiter(settings.file_max_concurrency)
+        self.mcp = McpEndpoint(
+            settings, pool=self.pool, files=self.files, tmp_dir=self.tmp_dir, decodes=self.decodes
+        )
         self._public: dict[str, _Route] = {}
         self._routes: list[_Route] = []
         self._public["/healthz"] = self._route("/healthz", GET=self._health)
@@ -251,6 +256,7 @@ class TalkiesApp:
             files=self.files,
             tmp_dir=self.tmp_dir,
             max_seconds=self.settings.stream_max_duration,
+            decodes=self.decodes,
         )
 
     async def _speech(self, request: Request) -> Response:

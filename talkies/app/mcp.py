@@ -35,6 +35,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
@@ -76,7 +77,13 @@ class McpEndpoint:
     Streamable HTTP manager, which runs only inside :meth:`lifespan`."""
 
     def __init__(
-        self, settings: Settings, *, pool: ModelPool | None, files: FileStore, tmp_dir: Path
+        self,
+        settings: Settings,
+        *,
+        pool: ModelPool | None,
+        files: FileStore,
+        tmp_dir: Path,
+        decodes: anyio.CapacityLimiter,
     ) -> None:
         self.settings = settings
         self._tools: dict[str, McpTool[Any]] = {}
@@ -93,7 +100,8 @@ class McpEndpoint:
             on_call_tool=self._call_tool,
         )
         self._manager: StreamableHTTPSessionManager | None = None
-        for tool in SpeechTools(settings, pool=pool, files=files, tmp_dir=tmp_dir).tools():
+        tools = SpeechTools(settings, pool=pool, files=files, tmp_dir=tmp_dir, decodes=decodes)
+        for tool in tools.tools():
             self.add_tool(tool)
 
     def add_tool(self, tool: McpTool[Any]) -> None:

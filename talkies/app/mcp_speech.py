@@ -8,21 +8,26 @@
 - ``list_models``: the rows of ``GET /v1/models``.
 
 Every check raises the :class:`HttpError` the HTTP route would (:mod:`.mcp_tool` turns it
-into a tool error). Base64 audio is written to ``<data_dir>/tmp`` for ffmpeg and removed once
-decoded, before the model's slot is asked for.
+into a tool error). Base64 audio is decoded a slice at a time into a file in
+``<data_dir>/tmp`` (never whole in memory, as text or bytes, beside the JSON-RPC message that
+carries it) and takes the HTTP route's bounded path from there: the same probe, slot, turn
+among the server's decodes and ffmpeg streaming into the engine; the file is removed when the
+transcription ends.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 from pydantic import BaseModel, Field
 
@@ -37,7 +42,7 @@ from .http import HttpError
 from .mcp_tool import McpTool, StrictArguments, ToolResult
 from .models import model_rows
 from .speech import synthesize
-from .transcribe import asr_entry, checked_language, decode_audio, transcribe_pcm
+from .transcribe import asr_entry, checked_language, transcribe_file
 
 __all__ = [
     "ListModelsArguments",
@@ -157,33 +162,58 @@ class ModelList(BaseModel):
 
 # -- base64 audio ------------------------------------------------------------------------------
 
+_BASE64_SLICE = 1 << 20  # characters of base64 decoded at a time
+_DATA_URL_HEAD = 1024  # a data: URL's "data:<type>;base64," is found within this many
 
-def _base64_audio(text: str, *, limit: int) -> bytes:
-    param = "audio_base64"
-    payload = text.strip()
-    if payload.startswith("data:"):  # a data: URL, as browsers and many clients write files
-        header, comma, payload = payload.partition(",")
-        if not comma or not header.endswith(";base64"):
-            raise HttpError(
-                400,
-                "a data: URL in audio_base64 must be base64 (data:<type>;base64,<data>)",
-                code="invalid_base64",
-                param=param,
+
+def _invalid_base64(message: str = "audio_base64 is not valid base64") -> HttpError:
+    return HttpError(400, message, code="invalid_base64", param="audio_base64")
+
+
+def write_base64(text: str, out: BinaryIO, *, limit: int) -> int:
+    """Decode ``text`` (base64, or a ``data:`` URL of it; MIME line breaks allowed) into
+    ``out``, a slice of :data:`_BASE64_SLICE` characters at a time, so that neither the
+    decoded bytes nor a copy of the text is ever whole in memory; the number of bytes
+    written. 400 for text that is not base64 (as strict as decoding it whole: no character
+    outside the alphabet, padding only at the end), 413 past ``limit`` decoded bytes.
+    Blocking: call it from a worker thread."""
+    start, end = 0, len(text)
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    if text.startswith("data:", start, end):  # a data: URL, as browsers write files
+        comma = text.find(",", start, min(end, start + _DATA_URL_HEAD))
+        if comma < 0 or not text[start:comma].endswith(";base64"):
+            raise _invalid_base64(
+                "a data: URL in audio_base64 must be base64 (data:<type>;base64,<data>)"
             )
-    payload = "".join(payload.split())  # MIME-style line breaks are common in base64
-    if len(payload) > 4 * -(-limit // 3):  # refused before decoding anything
-        raise _too_large(limit)
-    try:
-        data = base64.b64decode(payload, validate=True)
-    except ValueError:  # binascii.Error, or characters outside ASCII
-        raise HttpError(
-            400, "audio_base64 is not valid base64", code="invalid_base64", param=param
-        ) from None
-    if not data:
-        raise HttpError(400, "audio_base64 is empty", code="invalid_audio", param=param)
-    if len(data) > limit:
-        raise _too_large(limit)
-    return data
+        start = comma + 1
+    written = 0
+    carry = ""  # characters short of a 4-character group, for the next slice
+    padded = False  # a group with padding ended the data: nothing may follow it
+    for offset in range(start, end, _BASE64_SLICE):
+        piece = carry + "".join(text[offset : min(end, offset + _BASE64_SLICE)].split())
+        usable = len(piece) - len(piece) % 4
+        carry = piece[usable:]
+        if not usable:
+            continue
+        if padded:
+            raise _invalid_base64()
+        try:
+            data = base64.b64decode(piece[:usable], validate=True)
+        except (binascii.Error, ValueError):  # ValueError: characters outside ASCII
+            raise _invalid_base64() from None
+        padded = piece[usable - 1] == "="
+        written += len(data)
+        if written > limit:
+            raise _too_large(limit)
+        out.write(data)
+    if carry:
+        raise _invalid_base64()
+    if not written:
+        raise HttpError(400, "audio_base64 is empty", code="invalid_audio", param="audio_base64")
+    return written
 
 
 def _too_large(limit: int) -> HttpError:
@@ -195,11 +225,6 @@ def _too_large(limit: int) -> HttpError:
     )
 
 
-def _write_file(handle: int, data: bytes) -> None:
-    with os.fdopen(handle, "wb") as out:
-        out.write(data)
-
-
 # -- the tools ---------------------------------------------------------------------------------
 
 
@@ -207,12 +232,19 @@ class SpeechTools:
     """The tools of one :class:`~talkies.app.TalkiesApp`, over its models and files store."""
 
     def __init__(
-        self, settings: Settings, *, pool: ModelPool | None, files: FileStore, tmp_dir: Path
+        self,
+        settings: Settings,
+        *,
+        pool: ModelPool | None,
+        files: FileStore,
+        tmp_dir: Path,
+        decodes: anyio.CapacityLimiter,
     ) -> None:
         self.settings = settings
         self.pool = pool
         self.files = files
         self.tmp_dir = tmp_dir
+        self.decodes = decodes  # the server's turns for file decodes, shared with HTTP
 
     def tools(self) -> list[McpTool[Any]]:
         return [
@@ -302,24 +334,51 @@ class SpeechTools:
         max_seconds = self.settings.stream_max_duration
         if staged is not None:
             source = self.files.path_for_request(staged)
-            pcm = await decode_audio(source, max_seconds=max_seconds, param="file_path")
+            transcript = await transcribe_file(
+                pool,
+                entry,
+                source,
+                options,
+                decodes=self.decodes,
+                max_seconds=max_seconds,
+                param="file_path",
+            )
         else:
             assert encoded is not None
-            data = _base64_audio(encoded, limit=self.settings.max_upload_bytes)
-            pcm = await self._decode_bytes(data, max_seconds=max_seconds)
-        transcript = await transcribe_pcm(pool, entry, pcm, options)
+            source = await self._base64_file(encoded)
+            try:
+                transcript = await transcribe_file(
+                    pool,
+                    entry,
+                    source,
+                    options,
+                    decodes=self.decodes,
+                    max_seconds=max_seconds,
+                    param="audio_base64",
+                )
+            finally:
+                source.unlink(missing_ok=True)
         document = transcripts.verbose_json(transcript, words=arguments.word_timestamps)
         document["model"] = entry.slug
         return ToolResult(text=transcript.text.strip(), structured=document)
 
-    async def _decode_bytes(self, data: bytes, *, max_seconds: float) -> bytes:
-        # ffmpeg reads files: the audio goes to a temporary file beside the form uploads,
-        # removed as soon as it is decoded (before the model's slot is even asked for).
+    async def _base64_file(self, encoded: str) -> Path:
+        """``encoded`` decoded into a temporary file beside the form uploads (ffmpeg reads
+        files), in a worker thread; removed again if that fails or is cancelled."""
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
         handle, name = tempfile.mkstemp(dir=self.tmp_dir, prefix="mcp-")
         path = Path(name)
+        limit = self.settings.max_upload_bytes
+
+        def write() -> None:
+            with os.fdopen(handle, "wb") as out:
+                write_base64(encoded, out, limit=limit)
+
         try:
-            await anyio.to_thread.run_sync(_write_file, handle, data)
-            return await decode_audio(path, max_seconds=max_seconds, param="audio_base64")
-        finally:
+            # Not abandoned on cancel: the file is removed only once nothing writes to it.
+            await anyio.to_thread.run_sync(write)
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        except BaseException:
             path.unlink(missing_ok=True)
+            raise
+        return path

@@ -6,7 +6,7 @@ import enum
 import math
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -25,6 +25,7 @@ __all__ = [
     "ListeningStream",
     "LoadedModel",
     "NoModels",
+    "PcmSource",
     "Recognition",
     "Refusal",
     "RefusalKind",
@@ -35,6 +36,7 @@ __all__ = [
     "TranscriptionCancelled",
     "TranscriptionRequest",
     "Work",
+    "pcm_chunks",
     "transcribe_recognition",
 ]
 
@@ -280,30 +282,61 @@ class Transcript:
         return tuple(w for segment in self.segments for w in segment.words)
 
 
+# A file's audio, PCM16LE mono 16 kHz: one bytes object, or chunks pulled one at a time. The
+# server's come from ffmpeg through a bounded channel (talkies.app.transcribe), so a file is
+# never whole in memory; pulling a chunk may block, and raises TranscriptionCancelled when the
+# audio stopped coming (the client left, or the file turned out not to decode).
+PcmSource = bytes | Iterable[bytes]
+
+
+def pcm_chunks(audio: PcmSource, size: int) -> Iterator[bytes]:
+    """``audio`` in pieces of at most ``size`` bytes, pulled as they are asked for."""
+    if size < 1:
+        raise ValueError("size must be positive")
+    if isinstance(audio, bytes | bytearray | memoryview):
+        view = memoryview(audio)
+        for offset in range(0, len(view), size):
+            yield bytes(view[offset : offset + size])
+        return
+    for chunk in audio:
+        if len(chunk) <= size:
+            if chunk:
+                yield chunk
+            continue
+        view = memoryview(chunk)
+        for offset in range(0, len(view), size):
+            yield bytes(view[offset : offset + size])
+
+
 @runtime_checkable
 class FileTranscriber(Protocol):
-    """A loaded model that can transcribe a whole file at once (spec, "Sherpa-ONNX and
-    Vosk": "feeds it through an isolated native stream to completion").
+    """A loaded model that can transcribe a whole file (spec, "Sherpa-ONNX and Vosk": "feeds
+    it through an isolated native stream to completion"), taking its audio a chunk at a time.
 
     ``isinstance(model, FileTranscriber)`` tells whether a loaded model has the method.
     """
 
-    def transcribe(self, pcm: bytes, request: TranscriptionRequest) -> Transcript:
-        """Transcribe PCM16LE mono 16 kHz audio. Blocking: call it from a worker thread.
+    def transcribe(self, audio: PcmSource, request: TranscriptionRequest) -> Transcript:
+        """Transcribe PCM16LE mono 16 kHz audio, pulled from ``audio`` as it is decoded.
+        Blocking: call it from a worker thread.
 
-        Raises :class:`TranscriptionCancelled` soon after ``request.cancel`` is set."""
+        Holds only a bounded part of the audio at a time (the streaming engines a step,
+        Whisper a window). Raises :class:`TranscriptionCancelled` soon after
+        ``request.cancel`` is set, and whatever pulling from ``audio`` raised."""
         ...
 
 
 def transcribe_recognition(
     recognition: Recognition,
-    pcm: bytes,
+    audio: PcmSource,
     *,
     step: int,
     language: str | None,
     cancel: threading.Event | None = None,
 ) -> Transcript:
-    """Feed ``pcm`` through ``recognition`` to completion, ``step`` bytes at a time.
+    """Feed ``audio`` through ``recognition`` to completion, ``step`` bytes at a time, as its
+    chunks arrive (so the pieces fed are those of the whole audio cut every ``step`` bytes,
+    however it was chunked).
 
     Each endpoint with text becomes a segment, and the final result the last one. Segments
     are contiguous: each ends at the audio accepted when its endpoint came (so within
@@ -313,14 +346,13 @@ def transcribe_recognition(
     """
     if step < 2 or step % 2:
         raise ValueError("step must be a positive even number of bytes")
-    pcm = pcm[: len(pcm) - len(pcm) % 2]
-    duration = len(pcm) / (2 * SAMPLE_RATE)
     segments: list[TranscriptSegment] = []
     start = 0.0
+    accepted = 0  # bytes fed so far
 
     def add(text: str, words: Sequence[Word], end: float) -> None:
         nonlocal start
-        end = min(max(end, start), duration)
+        end = min(max(end, start), accepted / (2 * SAMPLE_RATE))
         if text:
             segments.append(
                 TranscriptSegment(
@@ -333,22 +365,39 @@ def transcribe_recognition(
         if cancel is not None and cancel.is_set():
             raise TranscriptionCancelled("the transcription was cancelled")
 
+    def feed(piece: bytes) -> None:
+        nonlocal accepted
+        check()
+        accepted += len(piece)
+        for update in recognition.accept(piece):
+            if isinstance(update, EngineEndpoint):
+                add(update.text.strip(), update.words, accepted / (2 * SAMPLE_RATE))
+
+    pending = bytearray()  # less than a step, carried to the next chunk
     try:
-        for offset in range(0, len(pcm), step):
+        for chunk in pcm_chunks(audio, 1 << 20):
             check()
-            chunk = pcm[offset : offset + step]
-            accepted = (offset + len(chunk)) / (2 * SAMPLE_RATE)
-            for update in recognition.accept(chunk):
-                if isinstance(update, EngineEndpoint):
-                    add(update.text.strip(), update.words, accepted)
+            if not pending and len(chunk) % step == 0:  # the usual case: no copy to carry
+                view = memoryview(chunk)
+                for offset in range(0, len(view), step):
+                    feed(bytes(view[offset : offset + step]))
+                continue
+            pending += chunk
+            whole = len(pending) - len(pending) % step
+            for offset in range(0, whole, step):
+                feed(bytes(pending[offset : offset + step]))
+            del pending[:whole]
+        del pending[len(pending) - len(pending) % 2 :]  # an odd last byte is no sample
+        if pending:
+            feed(bytes(pending))
         check()
         final = recognition.finish()
-        add(final.text.strip(), final.words, duration)
+        add(final.text.strip(), final.words, accepted / (2 * SAMPLE_RATE))
     finally:
         recognition.close()
     return Transcript(
         text=" ".join(s.text for s in segments),
         language=language,
-        duration=duration,
+        duration=accepted / (2 * SAMPLE_RATE),
         segments=tuple(segments),
     )

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import replace
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
@@ -33,8 +34,10 @@ from ...protocol.messages import StartOptions
 from ..base import (
     EngineUnavailable,
     FileTranscriber,
+    PcmSource,
     Recognition,
     Transcript,
+    TranscriptionCancelled,
     TranscriptionRequest,
     Work,
 )
@@ -68,6 +71,10 @@ class _Child:
         """Answer one connection's requests, one at a time, until it closes."""
         with conn:
             for message in requests(conn):
+                if message[0] == "transcribe":  # its audio follows on this connection
+                    if not self.transcribe(conn, message[1], message[2]):
+                        return
+                    continue
                 try:
                     reply: tuple[Any, ...] = ("ok", self._handle(message))
                 except Exception as exc:
@@ -99,8 +106,6 @@ class _Child:
                 closing.close()
                 memory.release()
             return None
-        if kind == "transcribe":
-            return self._transcribe(message[1], message[2], message[3])
         if kind == "cancel":
             with self._lock:
                 event = self._cancels.get(message[1])
@@ -113,7 +118,21 @@ class _Child:
             return None
         raise ValueError(f"unknown request {kind!r}")
 
-    def _transcribe(self, call: int, pcm: bytes, request: TranscriptionRequest) -> Transcript:
+    def transcribe(self, conn: Connection, call: int, request: TranscriptionRequest) -> bool:
+        """Transcription ``call``: its audio read from ``conn`` as the engine asks for it
+        (``("pcm", chunk)`` messages up to ``("end",)``), one answer, then whatever audio the
+        server sent before it saw an early answer, up to its end marker. False when the
+        server is gone."""
+        audio = _WireAudio(conn)
+        try:
+            reply: tuple[Any, ...] = ("ok", self._transcribe(call, audio, request))
+        except Exception as exc:
+            reply = reply_for(exc)
+        sent = send(conn, reply)
+        memory.release()  # the engine's state of a long file, freed: back to the system
+        return sent and audio.drain()
+
+    def _transcribe(self, call: int, audio: PcmSource, request: TranscriptionRequest) -> Transcript:
         if not isinstance(self.model, FileTranscriber):
             raise ValueError("this model does not transcribe files")
         cancel = threading.Event()
@@ -123,7 +142,7 @@ class _Child:
                 del self._early[call]
                 cancel.set()
         try:
-            return self.model.transcribe(pcm, replace(request, cancel=cancel))
+            return self.model.transcribe(audio, replace(request, cancel=cancel))
         finally:
             with self._lock:
                 self._cancels.pop(call, None)
@@ -136,6 +155,43 @@ class _Child:
             with contextlib.suppress(Exception):
                 recognition.close()
         self.model.close()
+
+
+class _WireAudio:
+    """A transcription's audio as the server sends it: ``("pcm", chunk)`` messages, then
+    ``("end",)``. Iterated by the engine; each chunk is read when the engine asks for it."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._ended = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        while not self._ended:
+            chunk = self._next()
+            if chunk is None:
+                return
+            yield chunk
+
+    def _next(self) -> bytes | None:
+        try:
+            message = self._conn.recv()
+        except (EOFError, OSError):
+            self._ended = True
+            raise TranscriptionCancelled("the server closed the connection") from None
+        if message[0] == "pcm":
+            chunk: bytes = message[1]
+            return chunk
+        self._ended = True  # ("end",)
+        return None
+
+    def drain(self) -> bool:
+        """Read what is left up to the end marker; False when the server is gone."""
+        try:
+            while not self._ended:
+                self._next()
+        except TranscriptionCancelled:
+            return False
+        return True
 
 
 class _SpeechChild:

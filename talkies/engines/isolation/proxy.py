@@ -14,8 +14,9 @@ speech model, whose synthesis streams its chunks over a connection of its own).
   queues, batching, deadline and slots drive it unchanged. A round thread's ``accept``,
   ``finish`` or ``decode_many`` becomes one request on that thread's own connection to the
   child, where a thread of its own makes the real call (native decoders release the GIL, so
-  rounds in parallel stay parallel). A file transcription is one request; the client leaving
-  sends a cancel on a second connection.
+  rounds in parallel stay parallel). A file transcription is one request followed by its
+  audio in bounded messages, pulled as the socket takes them; the client leaving sends a
+  cancel on a second connection.
 - **A crash.** If the child ends, every call in flight and every later one on that model
   raises :class:`EngineCrashed`: the runtime fails those streams with 4500 ``server_error``
   (their slots are freed as for any engine failure) and a file transcription answers 500.
@@ -58,10 +59,12 @@ from ..base import (
     EngineLost,
     EngineUpdate,
     LoadedModel,
+    PcmSource,
     Recognition,
     Transcript,
     TranscriptionRequest,
     Work,
+    pcm_chunks,
 )
 from ..runtime import RecognitionModel
 from ..supply.entry import ModelEntry
@@ -72,7 +75,7 @@ from ..tts.base import (
     start_synthesis,
 )
 from .spawn import CLOSE_WAIT, Spawned, describe_exit, discard, spawn
-from .wire import value_of
+from .wire import WIRE_CHUNK_BYTES, value_of
 
 if TYPE_CHECKING:
     from ..runtime.rounds import DecodeRounds
@@ -310,25 +313,70 @@ class IsolatedModel(_EngineProcess, RecognitionModel):
 
 
 class IsolatedFileModel(IsolatedModel):
-    """A proxy whose model also transcribes files (:class:`FileTranscriber`)."""
+    """A proxy whose model also transcribes files (:class:`FileTranscriber`).
 
-    def transcribe(self, pcm: bytes, request: TranscriptionRequest) -> Transcript:
+    A transcription is a request on the calling thread's connection, then its audio as
+    messages of at most :data:`~.wire.WIRE_CHUNK_BYTES` each, pulled from the source as the
+    socket takes them (a full socket buffer blocks the send: the child reads the next one
+    only when its engine asks), then an end marker; the child answers once, when its engine
+    is done. A cancel travels on a second connection, sent by a watcher thread, so it is not
+    held up behind a send that waits for the socket to drain.
+    """
+
+    def transcribe(self, audio: PcmSource, request: TranscriptionRequest) -> Transcript:
         call = next(self._calls)
         conn = self._conn()
+        done = threading.Event()
+        if request.cancel is not None:
+            watcher = threading.Thread(
+                target=self._watch_cancel,
+                args=(call, request.cancel, done),
+                name=f"talkies-cancel-{self.slug}",
+                daemon=True,
+            )
+            watcher.start()
+        stopped: Exception | None = None  # what pulling the audio raised
         try:
-            conn.send(("transcribe", call, pcm, replace(request, cancel=None)))
-            cancel_sent = False
-            while not conn.poll(_STOP_POLL):
-                if not cancel_sent and request.cancel is not None and request.cancel.is_set():
-                    cancel_sent = True
-                    with contextlib.closing(self._connect()) as other:
-                        self._exchange(other, ("cancel", call))
+            conn.send(("transcribe", call, replace(request, cancel=None)))
+            chunks = pcm_chunks(audio, WIRE_CHUNK_BYTES)
+            while not conn.poll(0):  # an answer before the end: the engine failed
+                try:
+                    chunk = next(chunks)
+                except StopIteration:
+                    break
+                except Exception as exc:  # the audio stopped coming: the engine stops too
+                    stopped = exc
+                    self._cancel(call)
+                    break
+                conn.send(("pcm", chunk))
+            conn.send(("end",))
             reply = conn.recv()
         except (EOFError, OSError):
             conn.close()
             raise self._crashed() from None
+        finally:
+            done.set()
+        if stopped is not None:
+            raise stopped  # once the engine has stopped
         result: Transcript = value_of(reply)
         return result
+
+    def _cancel(self, call: int) -> None:
+        """Tell the child to stop transcription ``call`` (on a connection of its own)."""
+        with (
+            contextlib.suppress(EngineCrashed, EOFError, OSError),
+            contextlib.closing(self._connect()) as other,
+        ):
+            self._exchange(other, ("cancel", call))
+
+    def _watch_cancel(self, call: int, cancel: threading.Event, done: threading.Event) -> None:
+        """A watcher thread: sends the cancel of ``call`` once ``cancel`` is set, unless the
+        call ended first."""
+        while not done.is_set():
+            if cancel.wait(_STOP_POLL):
+                if not done.is_set():
+                    self._cancel(call)
+                return
 
 
 class _Remote:

@@ -16,11 +16,14 @@ from typing import Any
 from ..base import Refusal, RefusalKind, TranscriptionCancelled
 from ..tts.base import SpeechError, SynthesisFailed
 
-__all__ = ["HELLO", "reply_for", "requests", "send", "value_of"]
+__all__ = ["HELLO", "WIRE_CHUNK_BYTES", "reply_for", "requests", "send", "value_of"]
 
 log = logging.getLogger("talkies.engines")
 
 HELLO = "TALKIES-ENGINE "  # the prefix of the child's one line on stdout
+# The most PCM one message of a file transcription carries (2 s): a transcription's audio
+# crosses as many such messages, so neither side ever holds the file whole.
+WIRE_CHUNK_BYTES = 64_000
 
 
 def value_of(reply: tuple[Any, ...]) -> Any:

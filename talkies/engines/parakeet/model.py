@@ -22,6 +22,7 @@ from ..base import (
     EngineUnavailable,
     EngineUpdate,
     LoadedModel,
+    PcmSource,
     Refusal,
     Transcript,
     TranscriptionRequest,
@@ -213,7 +214,7 @@ class ParakeetModel(RecognitionModel):
             interim_results=options.interim_results,
         )
 
-    def transcribe(self, pcm: bytes, request: TranscriptionRequest) -> Transcript:
+    def transcribe(self, audio: PcmSource, request: TranscriptionRequest) -> Transcript:
         """A whole file through a stream of its own (a
         :class:`~talkies.engines.base.FileTranscriber`; blocking). Fed one :data:`FEED_BYTES`
         block per call, each segment ends at the block where the runtime ended the utterance.
@@ -225,7 +226,11 @@ class ParakeetModel(RecognitionModel):
             interim_results=False,
         )
         return transcribe_recognition(
-            recognition, pcm, step=FEED_BYTES, language=request.language_code
+            recognition,
+            audio,
+            step=FEED_BYTES,
+            language=request.language_code,
+            cancel=request.cancel,
         )
 
     def close(self) -> None:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ...protocol.messages import StartOptions
-from ..base import EngineUnavailable, Transcript, TranscriptionRequest
+from ..base import EngineUnavailable, PcmSource, Transcript, TranscriptionRequest
 from ..base import transcribe_recognition as _transcribe
 from ..catalogue import Executor
 from ..runtime import RecognitionModel
@@ -156,7 +156,7 @@ class SherpaModel(RecognitionModel):
         """A stream decoded on its own, whatever the mode (tests, whole files)."""
         return SherpaRecognition(self.recognizer, options, self.options.tail_padding, self.counters)
 
-    def transcribe(self, pcm: bytes, request: TranscriptionRequest) -> Transcript:
+    def transcribe(self, audio: PcmSource, request: TranscriptionRequest) -> Transcript:
         """A whole file through an ``OnlineStream`` of its own, decoded on the calling thread,
         never batched with live streams (a :class:`~talkies.engines.base.FileTranscriber`;
         blocking). Fed 0.1 s per call, so a segment ends within 0.1 s after the chunk where
@@ -167,7 +167,7 @@ class SherpaModel(RecognitionModel):
         )
         return _transcribe(
             self.alone(options),
-            pcm,
+            audio,
             step=_FILE_STEP,
             language=request.language_code,
             cancel=request.cancel,

@@ -41,6 +41,7 @@ from ..base import (
     EngineUnavailable,
     EngineUpdate,
     LoadedModel,
+    PcmSource,
     Transcript,
     TranscriptionRequest,
     transcribe_recognition,
@@ -224,7 +225,7 @@ class VoskModel(RecognitionModel):
     def recognition(self, options: StartOptions) -> VoskRecognition:
         return VoskRecognition(self, options)
 
-    def transcribe(self, pcm: bytes, request: TranscriptionRequest) -> Transcript:
+    def transcribe(self, audio: PcmSource, request: TranscriptionRequest) -> Transcript:
         """A whole file through a recognizer of its own (a
         :class:`~talkies.engines.base.FileTranscriber`; blocking). Vosk always has word times.
 
@@ -237,7 +238,7 @@ class VoskModel(RecognitionModel):
         )
         return transcribe_recognition(
             VoskRecognition(self, options),
-            pcm,
+            audio,
             step=CHUNK_BYTES,
             language=request.language_code,
             cancel=request.cancel,

@@ -1,19 +1,91 @@
 """Whole files (POST /v1/audio/transcriptions) through whisper.cpp's own 30 s windows and
-segments, not the rolling window: the decode's parameters and its segments as a transcript."""
+segments, not the rolling window: the decode's parameters, the file's windows, and its
+segments as a transcript.
+
+A file is decoded a window of :data:`FILE_WINDOW_SECONDS` at a time, never whole: a 4 h
+upload as one ``whisper_full`` call held 4 h of float32 samples (920 MB) and their
+log-mel spectrogram (460 MB) at once. Each window is cut at the quietest tenth of a second
+of the last :data:`CUT_SEARCH_SECONDS` before its mark, so a cut falls in a pause rather than
+through a word; audio shorter than a window is one call, exactly as before.
+"""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from ...protocol.events import Word
+from ...protocol.events import SAMPLE_RATE, Word
 from ..base import TranscriptionRequest, TranscriptSegment
 from .markers import speech_mask, strip_markers
 
-__all__ = ["file_params", "file_segments"]
+__all__ = [
+    "CUT_SEARCH_SECONDS",
+    "FILE_WINDOW_SECONDS",
+    "file_params",
+    "file_segments",
+    "file_windows",
+    "shift_segment",
+]
+
+FILE_WINDOW_SECONDS = 300.0  # a file's audio decoded per whisper_full call (at most)
+CUT_SEARCH_SECONDS = 20.0  # a window ends at the quietest point of its last this-many seconds
+_FRAME = SAMPLE_RATE // 10  # the cut search's unit: 0.1 s
+
+
+def _quietest_cut(window: npt.NDArray[np.int16], search: int) -> int:
+    """Where to end ``window``: the middle of the quietest 0.1 s frame of its last ``search``
+    samples (the latest, among equally quiet ones, so windows stay long)."""
+    frames = min(search, window.size) // _FRAME
+    if frames == 0:
+        return window.size
+    start = window.size - frames * _FRAME
+    tail = window[start:].astype(np.float32)
+    energy = np.square(tail).reshape(frames, _FRAME).sum(axis=1)
+    latest = frames - 1 - int(np.argmin(energy[::-1]))
+    return start + latest * _FRAME + _FRAME // 2
+
+
+def file_windows(
+    chunks: Iterable[bytes],
+    *,
+    window_seconds: float = FILE_WINDOW_SECONDS,
+    search_seconds: float = CUT_SEARCH_SECONDS,
+) -> Iterator[tuple[int, npt.NDArray[np.int16]]]:
+    """The file's audio (PCM16LE chunks) as ``(first sample, samples)`` windows of at most
+    ``window_seconds``, each but the last cut at the quietest point of its last
+    ``search_seconds``; at most one window and one chunk are held at a time. Empty audio is
+    one empty window."""
+    limit = max(_FRAME, round(window_seconds * SAMPLE_RATE)) * 2
+    search = max(_FRAME, round(min(search_seconds, window_seconds) * SAMPLE_RATE))
+    pending = bytearray()
+    first = 0
+    for chunk in chunks:
+        pending += chunk
+        while len(pending) >= limit:
+            window = np.frombuffer(pending, dtype="<i2", count=limit // 2)
+            cut = _quietest_cut(window, search)
+            yield first, window[:cut].copy()
+            del window
+            first += cut
+            del pending[: cut * 2]
+    del pending[len(pending) - len(pending) % 2 :]
+    if pending or first == 0:
+        yield first, np.frombuffer(bytes(pending), dtype="<i2").copy()
+
+
+def shift_segment(segment: TranscriptSegment, *, seconds: float, id: int) -> TranscriptSegment:
+    """``segment`` of a window that starts ``seconds`` into the file, as the file's ``id``th."""
+    if not seconds:
+        return replace(segment, id=id)
+    words = tuple(replace(w, start=w.start + seconds, end=w.end + seconds) for w in segment.words)
+    return replace(
+        segment, id=id, start=segment.start + seconds, end=segment.end + seconds, words=words
+    )
 
 
 def file_params(

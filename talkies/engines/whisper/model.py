@@ -6,8 +6,10 @@ from __future__ import annotations
 import logging
 import math
 import queue
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +21,26 @@ from ...protocol.events import SAMPLE_RATE
 from ...protocol.messages import StartOptions
 from ..base import (
     EngineUnavailable,
+    PcmSource,
     Refusal,
     Transcript,
     TranscriptionCancelled,
     TranscriptionRequest,
+    TranscriptSegment,
+    pcm_chunks,
 )
 from ..runtime import RecognitionModel
 from ..runtime.vad import SileroVad
 from ..supply.entry import ModelEntry
 from .config import MIN_DECODE_SAMPLES, RollingConfig, encoder_positions, resolve_config
-from .files import file_params, file_segments
+from .files import (
+    CUT_SEARCH_SECONDS,
+    FILE_WINDOW_SECONDS,
+    file_params,
+    file_segments,
+    file_windows,
+    shift_segment,
+)
 from .ggml import ggml_for, inspect_ggml, model_path
 from .markers import speech_mask
 from .native import Native
@@ -74,6 +86,9 @@ class WhisperModel(RecognitionModel):
         self._eot = int(pw.whisper_token_eot(self._contexts[0]))
         self._closed = False
         self.decodes = 0  # decodes run, for tests and benchmarks
+        # Seconds of a file per decode, and of its end searched for a pause (tests shorten them).
+        self.file_window = FILE_WINDOW_SECONDS
+        self.file_cut_search = CUT_SEARCH_SECONDS
         try:
             if config.vad:
                 SileroVad.shared()  # load the detector with the model, not with a stream
@@ -232,21 +247,55 @@ class WhisperModel(RecognitionModel):
             n_audio_ctx=self.info.hparams.n_audio_ctx,
         )
 
-    def transcribe(self, pcm: bytes, request: TranscriptionRequest) -> Transcript:
+    def transcribe(self, audio: PcmSource, request: TranscriptionRequest) -> Transcript:
         """A whole-file decode (a :class:`~talkies.engines.base.FileTranscriber`; blocking),
         not the rolling window: see :func:`~.files.file_params` and
-        :func:`~.files.file_segments`.
+        :func:`~.files.file_segments`. The audio is decoded a window at a time as it arrives
+        (:func:`~.files.file_windows`: at most :data:`~.files.FILE_WINDOW_SECONDS` each,
+        cut in a pause); audio shorter than a window is one decode, as a whole file.
 
         No language in the request means the entry's (``options.language``), as for a
-        stream; "auto" detects on a multilingual model. Raises :class:`Refusal`
-        (``invalid_language``) for a language Whisper or this model does not know, and
-        :class:`TranscriptionCancelled` once ``request.cancel`` is set (whisper.cpp stops at
-        its next abort check, within one encoder or decoder pass).
+        stream; "auto" detects on a multilingual model, from the first window, and the
+        later windows keep that language. The prompt conditions the first window. Raises
+        :class:`Refusal` (``invalid_language``) for a language Whisper or this model does not
+        know, and :class:`TranscriptionCancelled` once ``request.cancel`` is set (whisper.cpp
+        stops at its next abort check, within one encoder or decoder pass).
         """
         language = self.language_for(request.language or None)
         cancel = request.cancel
-        pcm = pcm[: len(pcm) - len(pcm) % 2]
-        audio = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / np.float32(32768.0)
+        segments: list[TranscriptSegment] = []
+        duration = 0.0
+        windows = file_windows(
+            pcm_chunks(audio, 1 << 20),
+            window_seconds=self.file_window,
+            search_seconds=self.file_cut_search,
+        )
+        for first, samples in windows:
+            offset = first / SAMPLE_RATE
+            window = replace(request, prompt=request.prompt if first == 0 else None)
+            language, found = self._transcribe_window(samples, window, language, cancel)
+            first_id = len(segments)
+            segments += [
+                shift_segment(s, seconds=offset, id=first_id + i) for i, s in enumerate(found)
+            ]
+            duration = offset + samples.size / SAMPLE_RATE
+        return Transcript(
+            text=" ".join(s.text for s in segments),
+            language=language,
+            duration=duration,
+            segments=tuple(segments),
+        )
+
+    def _transcribe_window(
+        self,
+        samples: npt.NDArray[np.int16],
+        request: TranscriptionRequest,
+        language: str,
+        cancel: threading.Event | None,
+    ) -> tuple[str, tuple[TranscriptSegment, ...]]:
+        """One window of a file: whisper.cpp's segments (times from the window's start), and
+        the language (the detected one, when asked to detect)."""
+        audio = samples.astype(np.float32) / np.float32(32768.0)
         duration = audio.size / SAMPLE_RATE
         if audio.size < MIN_DECODE_SAMPLES:
             audio = np.concatenate([audio, np.zeros(MIN_DECODE_SAMPLES - audio.size, np.float32)])
@@ -266,13 +315,7 @@ class WhisperModel(RecognitionModel):
             self.decodes += 1
             if language == "auto":
                 language = str(pw.whisper_lang_str(int(pw.whisper_full_lang_id(ctx))))
-            segments = file_segments(pw, ctx, request, duration=duration)
-        return Transcript(
-            text=" ".join(s.text for s in segments),
-            language=language,
-            duration=duration,
-            segments=segments,
-        )
+            return language, file_segments(pw, ctx, request, duration=duration)
 
     def close(self) -> None:
         if self._closed:
