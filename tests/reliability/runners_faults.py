@@ -699,3 +699,51 @@ def sigterm(target: FaultTarget) -> Facts:
         "exit": (status, round(exited, 3)),
         "unloaded": unloaded == {"energy-test", "qwen3-tiny-short", "qwen3-tiny-long"} or unloaded,
     }
+
+
+def _silence_flac(path: Path, seconds: int) -> bytes:
+    """``seconds`` of silence as FLAC (an hour is a few MB): audio that is long to decode
+    and small to send."""
+    lavfi = ["-f", "lavfi", "-t", str(seconds), "-i", "anullsrc=r=16000:cl=mono"]
+    subprocess.run(
+        ["ffmpeg", "-nostdin", "-loglevel", "error", *lavfi, "-c:a", "flac", str(path)],
+        check=True,
+    )
+    return path.read_bytes()
+
+
+@runner("sigterm-transcribing", "process")
+def sigterm_transcribing(target: FaultTarget) -> Facts:
+    """Issue 21, point 1: a file transcription still decoding on a real engine process when
+    SIGTERM comes is cut at the grace, and the server still exits in time."""
+    data = target.tmp / "data"
+    data.mkdir()
+    flac = _silence_flac(target.tmp / "long.flac", 1800)
+    body = (
+        b'--B\r\nContent-Disposition: form-data; name="model"\r\n\r\nvosk-ko\r\n'
+        b'--B\r\nContent-Disposition: form-data; name="file"; filename="long.flac"\r\n'
+        b"Content-Type: audio/flac\r\n\r\n" + flac + b"\r\n--B--\r\n"
+    )
+    head = (
+        b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: multipart/form-data; boundary=B\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body)
+    )
+    with fault_host(data, target.tmp / "sigterm.log") as host:
+        responses: dict[str, bytes] = {}
+        sock = connect(host.port, timeout=120)
+        sock.sendall(head + body)
+        reader = _read_all(sock, responses, "transcription")
+        host.wait_in_use("vosk-ko", 1, timeout=120)  # decoded, loaded, and on the engine
+        time.sleep(1.0)  # well into its 30 minutes
+        assert "transcription" not in responses, "the transcription ended before the signal"
+        signalled = time.monotonic()
+        host.proc.send_signal(signal.SIGTERM)
+        status = host.proc.wait(timeout=60)
+        exited = time.monotonic() - signalled
+        reader.join(timeout=10)
+        sock.close()
+    return {
+        "dropped": {name for name, got in responses.items() if not _complete(got)},
+        "exit": (status, round(exited, 3)),
+    }

@@ -20,7 +20,7 @@ from .table import Row, check, parse_outcome, rows
 
 ROWS = rows(heading="## Faults")
 # Rows that start (and kill) processes of their own, over no Qwen3-TTS.
-OWN_PROCESSES = {"sigkill-leftovers", "second-server"}
+OWN_PROCESSES = {"sigkill-leftovers", "second-server", "sigterm-transcribing"}
 SHARED = [r for r in ROWS if r.host == "process" and r.case not in {"sigterm", *OWN_PROCESSES}]
 ALONE = [r for r in ROWS if r not in SHARED and r.case not in OWN_PROCESSES]
 STARTING = [r for r in ROWS if r.case in OWN_PROCESSES]
@@ -44,6 +44,7 @@ REQUIRED = {
     "sigterm": "SIGTERM with streams, uploads and TTS in flight: 1001, exit 0 within the grace",
     "sigkill-leftovers": "issue 21, point 8: what a SIGKILL leaves is removed at the next start",
     "second-server": "issue 21, point 8: nothing a running server uses is removed",
+    "sigterm-transcribing": "issue 21, point 1: shutdown completes within the grace plus a bound",
 }
 
 
