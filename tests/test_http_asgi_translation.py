@@ -71,3 +71,26 @@ async def test_an_application_that_sends_nothing() -> None:
         pass
 
     assert await call_asgi(app, _request(), b"") is None
+
+
+async def test_a_body_given_as_chunks_is_handed_over_in_order_and_not_kept() -> None:
+    """The MCP bridge hands the SDK a large body as the chunks it was read in: one message
+    each, ``more_body`` on all but the last, and none of them held here once handed over."""
+    chunks = [b"a" * 10, b"b" * 10, b"c" * 5]
+    seen: list[tuple[bytes, bool]] = []
+    left: list[int] = []
+
+    async def app(scope: Any, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            seen.append((message["body"], message["more_body"]))
+            left.append(len(chunks))
+            if not message["more_body"]:
+                break
+        await send_response(send, _request(), Response(status=200, body=b"ok"))
+
+    with anyio.fail_after(5):
+        back = await call_asgi(app, _request(), chunks)
+    assert back is not None and back.body == b"ok"
+    assert seen == [(b"a" * 10, True), (b"b" * 10, True), (b"c" * 5, False)]
+    assert left == [2, 1, 0]  # each chunk dropped from the list as it went

@@ -380,3 +380,64 @@ def test_base64_decoding_holds_a_slice_not_the_audio() -> None:
         tracemalloc.stop()
     assert written == 24 * MB
     assert peak < 8 * MB, f"peak {peak / MB:.1f} MB"  # a few 1 MiB slices, not 24 or 32 MB
+
+
+# -- large MCP calls ----------------------------------------------------------------------------
+
+
+async def test_a_large_mcp_call_waits_for_a_turn_before_its_body_is_read(tmp_path: Path) -> None:
+    """Calls over LARGE_BODY (declared, or once read past it) take turns, as many as
+    TALKIES_FILE_MAX_CONCURRENCY; a small one never waits."""
+    from contextlib import AsyncExitStack
+
+    from talkies.app.files import FileStore
+    from talkies.app.http import Body, Request
+    from talkies.app.mcp import LARGE_BODY, McpEndpoint
+
+    settings = Settings(data_dir=tmp_path, file_max_concurrency=1)
+    endpoint = McpEndpoint(
+        settings,
+        pool=None,
+        files=FileStore(tmp_path / "files"),
+        tmp_dir=tmp_path / "tmp",
+        decodes=anyio.CapacityLimiter(1),
+    )
+
+    def request(size: int, *, declared: bool) -> tuple[Request, list[int]]:
+        reads: list[int] = []
+        parts = [bytes(256 * 1024)] * (size // (256 * 1024))
+        if size % (256 * 1024):
+            parts.append(bytes(size % (256 * 1024)))
+
+        async def receive() -> bytes:
+            reads.append(1)
+            return parts.pop() if parts else b""
+
+        body = Body(receive, limit=1 << 30, declared=size if declared else None)
+        return Request(method="POST", path="/mcp", body=body), reads
+
+    async with AsyncExitStack() as first:  # a large call holds the only turn
+        big, _ = request(2 * LARGE_BODY, declared=True)
+        chunks = await endpoint._read(big, first)
+        assert sum(map(len, chunks)) == 2 * LARGE_BODY
+        small, _ = request(1000, declared=True)
+        async with AsyncExitStack() as turn:
+            assert sum(map(len, await endpoint._read(small, turn))) == 1000  # no turn needed
+        for declared in (True, False):
+            waiting, reads = request(2 * LARGE_BODY, declared=declared)
+            waited: list[bool] = []
+
+            async def another_call(waiting: Request = waiting, waited: list[bool] = waited) -> None:
+                with anyio.move_on_after(0.3) as timeout:
+                    async with AsyncExitStack() as turn:
+                        await endpoint._read(waiting, turn)
+                waited.append(timeout.cancelled_caught)
+
+            async with anyio.create_task_group() as group:  # a request is a task of its own
+                group.start_soon(another_call)
+            assert waited == [True]  # it waited for the turn
+            # Declared: nothing read; chunked: read only up to LARGE_BODY (four 256 KiB chunks)
+            assert len(reads) == (0 if declared else 5)
+    late, _ = request(2 * LARGE_BODY, declared=True)
+    async with AsyncExitStack() as turn:  # the turn is free again
+        assert sum(map(len, await endpoint._read(late, turn))) == 2 * LARGE_BODY

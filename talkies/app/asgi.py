@@ -146,21 +146,29 @@ def scope_from_request(request: Request) -> Scope:
     }
 
 
-async def call_asgi(app: Asgi, request: Request, body: bytes) -> Response | None:
-    """Run ``app`` on ``request`` (its body already read) and collect its whole response (the
-    reverse of :func:`send_response`); None when the application sent none.
+async def call_asgi(app: Asgi, request: Request, body: bytes | list[bytes]) -> Response | None:
+    """Run ``app`` on ``request`` (its body already read: bytes, or the list of its chunks)
+    and collect its whole response (the reverse of :func:`send_response`); None when the
+    application sent none.
+
+    A list's chunks are handed over one message each and dropped here as they go, so that a
+    large body (MCP's base64 audio) is not kept as one more copy for the whole call.
 
     Whole responses only: the response is returned once the application has returned. A
     client that leaves cancels this call (the host cancels the handler), which is how the
     application learns of it.
     """
+    chunks = body if isinstance(body, list) else [body]
+    del body
+    chunks.reverse()  # popped from the end, in order
     delivered = False
 
     async def receive() -> Message:
         nonlocal delivered
         if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
+            chunk = chunks.pop() if chunks else b""
+            delivered = not chunks
+            return {"type": "http.request", "body": chunk, "more_body": not delivered}
         # Only the client leaving could come next, and then the host cancels this handler.
         await anyio.sleep_forever()
         return {"type": "http.disconnect"}

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,15 @@ from .http import HttpError, Request, Response
 from .mcp_speech import SpeechTools
 from .mcp_tool import McpTool, ToolResult, tool_error
 
-__all__ = ["MCP_PATH", "McpEndpoint", "McpTool", "ToolResult", "request_limit", "tool_error"]
+__all__ = [
+    "LARGE_BODY",
+    "MCP_PATH",
+    "McpEndpoint",
+    "McpTool",
+    "ToolResult",
+    "request_limit",
+    "tool_error",
+]
 
 log = logging.getLogger("talkies.app")
 
@@ -61,6 +69,8 @@ Context = ServerRequestContext[dict[str, Any]]  # the default lifespan's state: 
 
 # JSON-RPC's envelope around a base64 payload: method, id, tool name, the other arguments.
 _ENVELOPE_BYTES = 64 * 1024
+# A call whose body is larger than this (audio, in practice) waits for a turn (_read).
+LARGE_BODY = 1 << 20
 
 
 def request_limit(settings: Settings) -> int:
@@ -100,6 +110,8 @@ class McpEndpoint:
             on_call_tool=self._call_tool,
         )
         self._manager: StreamableHTTPSessionManager | None = None
+        # Turns for calls whose body is over LARGE_BODY (base64 audio), server-wide.
+        self._large_calls = anyio.CapacityLimiter(settings.file_max_concurrency)
         tools = SpeechTools(settings, pool=pool, files=files, tmp_dir=tmp_dir, decodes=decodes)
         for tool in tools.tools():
             self.add_tool(tool)
@@ -137,14 +149,41 @@ class McpEndpoint:
                 "the MCP endpoint runs only while the server's lifespan does",
                 code="unavailable",
             )
-        # Read here, under the app's cap and with its 413, rather than inside the SDK. A
-        # JSON-RPC message is parsed whole anyway.
-        body = await request.body.read()
-        response = await call_asgi(manager.handle_request, request, body)
+        async with AsyncExitStack() as turn:
+            # Handed to the SDK without a name here, so nothing of ours keeps it meanwhile.
+            response = await call_asgi(
+                manager.handle_request, request, await self._read(request, turn)
+            )
         if response is None:
             log.error("the MCP server sent no response", extra={"method": request.method})
             raise HttpError(500, "the MCP server sent no response")
         return response
+
+    async def _read(self, request: Request, turn: AsyncExitStack) -> list[bytes]:
+        """The request's body as the chunks it was read in (handed to the SDK one by one and
+        never joined here), under the app's cap and with its 413 rather than inside the SDK
+        (a JSON-RPC message is parsed whole anyway).
+
+        A body over :data:`LARGE_BODY` bytes (declared, or read so far) first waits for a turn
+        among the server's large calls, held in ``turn`` until the answer: the SDK holds about
+        three copies of a body while its tool runs (its size check's buffer, starlette's body,
+        the parsed JSON), so only ``TALKIES_FILE_MAX_CONCURRENCY`` such calls hold them at
+        once."""
+        body = request.body
+        waited = False
+        if body.declared is not None and body.declared > LARGE_BODY:
+            body.check_declared()  # a 413 needs no turn
+            await turn.enter_async_context(self._large_calls)
+            waited = True
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in body.chunks():
+            size += len(chunk)
+            if size > LARGE_BODY and not waited:
+                await turn.enter_async_context(self._large_calls)
+                waited = True
+            parts.append(chunk)
+        return parts
 
     # -- protocol handlers -----------------------------------------------------------------
 
