@@ -428,6 +428,9 @@ _VARS: tuple[_Var, ...] = (
     _duration_var("TALKIES_VAD_SPEECH_PAD", "vad_speech_pad", 0.0, 2.0),
     # HTTP request bodies (uploads, staged files, MCP): refused with 413 past this size.
     _int_var("TALKIES_MAX_UPLOAD_BYTES", "max_upload_bytes", 1, 16 * 1024**3),
+    # ... and with 408 when one is still arriving this long after its head (however it
+    # trickles: the per-stall deadline alone let 1 byte every 5 s hold a request forever).
+    _duration_var("TALKIES_UPLOAD_TIMEOUT", "upload_timeout", 1.0, 86_400.0),
     # File transcriptions (HTTP and MCP) decoding at once, server-wide; more wait their turn.
     _int_var("TALKIES_FILE_MAX_CONCURRENCY", "file_max_concurrency", 1, 1024),
     _Var("TALKIES_HOST", "host", _text, _check_host),
@@ -541,6 +544,7 @@ class Settings:
     vad_min_silence: float = 0.6
     vad_speech_pad: float = 0.3
     max_upload_bytes: int = 100 * 1024 * 1024
+    upload_timeout: float = 600.0
     file_max_concurrency: int = field(default_factory=_usable_cpus)
     host: str = "127.0.0.1"
     port: int = 8000
@@ -559,6 +563,7 @@ class Settings:
             "stream_max_duration",
             "decode_timeout",
             "model_ttl",
+            "upload_timeout",
             "vad_threshold",
             "vad_min_silence",
             "vad_speech_pad",

@@ -136,6 +136,7 @@ INT_VARS = [
     ("TALKIES_MODEL_MAX_CONCURRENCY", "model_max_concurrency", 1, 1024),
     ("TALKIES_QWEN3_STREAM_CHUNK_SIZE", "qwen3_stream_chunk_size", 1, 256),
     ("TALKIES_MAX_UPLOAD_BYTES", "max_upload_bytes", 1, 16 * 1024**3),
+    ("TALKIES_FILE_MAX_CONCURRENCY", "file_max_concurrency", 1, 1024),
     ("TALKIES_PORT", "port", 0, 65535),
 ]
 
@@ -595,6 +596,24 @@ def test_host_rejected(host: str) -> None:
     )
 
 
+# --- uploads ------------------------------------------------------------------------------
+
+
+def test_upload_timeout_is_a_duration_of_a_second_to_a_day() -> None:
+    assert from_env().upload_timeout == 600.0  # 10 minutes
+    assert from_env(TALKIES_UPLOAD_TIMEOUT="15m").upload_timeout == 900.0
+    assert from_env(TALKIES_UPLOAD_TIMEOUT="24h").upload_timeout == 86_400.0
+    for bad in ("0.5", "25h", "soon"):
+        (problem,) = problems(TALKIES_UPLOAD_TIMEOUT=bad)
+        assert problem.startswith(f"TALKIES_UPLOAD_TIMEOUT={bad!r}: must be a duration from 1s")
+
+
+def test_file_decodes_default_to_the_cpus_this_process_may_use() -> None:
+    import os
+
+    assert from_env().file_max_concurrency == len(os.sched_getaffinity(0))
+
+
 # --- unknown variables ------------------------------------------------------------------
 
 _ALL_NAMES = [
@@ -615,6 +634,8 @@ _ALL_NAMES = [
     "TALKIES_MODEL_CONCURRENCY",
     "TALKIES_QWEN3_STREAM_CHUNK_SIZE",
     "TALKIES_MAX_UPLOAD_BYTES",
+    "TALKIES_UPLOAD_TIMEOUT",
+    "TALKIES_FILE_MAX_CONCURRENCY",
     "TALKIES_HOST",
     "TALKIES_PORT",
 ]

@@ -94,3 +94,26 @@ async def test_a_body_given_as_chunks_is_handed_over_in_order_and_not_kept() -> 
     assert back is not None and back.body == b"ok"
     assert seen == [(b"a" * 10, True), (b"b" * 10, True), (b"c" * 5, False)]
     assert left == [2, 1, 0]  # each chunk dropped from the list as it went
+
+
+async def test_a_trickled_body_meets_the_upload_deadline() -> None:
+    """A byte every 0.1 s never stalls (the stall deadline is 1 s here), but the whole body
+    must arrive within the upload deadline (TALKIES_UPLOAD_TIMEOUT): a 408 saying which."""
+    from talkies.app.http import HttpError
+
+    async def receive() -> Message:
+        await anyio.sleep(0.1)
+        return {"type": "http.request", "body": b"x", "more_body": True}
+
+    scope = scope_from_request(_request())
+    for deadline, expected in ((0.5, "did not arrive within 0.5 s"), (None, "stalled")):
+        stall = 1.0 if deadline else 0.05
+        back = request_from_scope(
+            scope, receive, max_body=100, body_timeout=stall, upload_timeout=deadline
+        )
+        started = anyio.current_time()
+        with pytest.raises(HttpError) as refused:
+            await back.body.read()
+        assert refused.value.status == 408 and expected in refused.value.message
+        if deadline:
+            assert 0.5 <= anyio.current_time() - started < 0.8

@@ -19,7 +19,7 @@ from urllib.parse import unquote
 
 import anyio
 
-from .http import Body, ClientGone, Headers, HttpError, Request, Response
+from .http import Body, ClientGone, Headers, Request, Response, UploadDeadline
 
 __all__ = [
     "Asgi",
@@ -47,11 +47,18 @@ _HOP_BY_HOP = frozenset({b"content-length", b"transfer-encoding", b"connection",
 
 
 def request_from_scope(
-    scope: Scope, receive: Receive, *, max_body: int, body_timeout: float
+    scope: Scope,
+    receive: Receive,
+    *,
+    max_body: int,
+    body_timeout: float,
+    upload_timeout: float | None = None,
 ) -> Request:
     """The app's view of an ASGI ``http`` request; its body is read from ``receive`` on
-    demand, and a body that sends nothing for ``body_timeout`` seconds is a 408 (no host
-    times out a body that stops coming)."""
+    demand, and a body that sends nothing for ``body_timeout`` seconds, or is not whole
+    ``upload_timeout`` seconds after its head, is a 408 (no host times out a body that
+    stops coming)."""
+    deadline = UploadDeadline(upload_timeout, stall=body_timeout)
     headers = [(bytes(k).lower(), bytes(v)) for k, v in scope.get("headers", [])]
     raw_path = scope.get("raw_path") or scope["path"].encode("utf-8")
     declared: int | None = None
@@ -75,10 +82,10 @@ def request_from_scope(
             if ended:
                 return b""
             try:
-                with anyio.fail_after(body_timeout):
+                with deadline.scope():
                     message = await receive()
             except TimeoutError:
-                raise HttpError(408, "the request body stalled") from None
+                raise deadline.passed() from None
             if message["type"] == "http.disconnect":
                 raise ClientGone()
             chunk = bytes(message.get("body", b""))

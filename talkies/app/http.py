@@ -18,7 +18,7 @@ from __future__ import annotations
 import hmac
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from contextlib import suppress
+from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
@@ -34,6 +34,7 @@ __all__ = [
     "PayloadTooLarge",
     "Request",
     "Response",
+    "UploadDeadline",
     "bearer_ok",
     "error_response",
     "json_response",
@@ -153,6 +154,32 @@ class Body:
         """Read what is left (bounded by the limit), so the connection can be reused."""
         async for _ in self.chunks():
             pass
+
+
+class UploadDeadline:
+    """The two deadlines of a request body, from when its head was read (both hosts use
+    it): ``stall`` seconds without a byte, and ``total`` seconds for the whole body (None:
+    none), so a body trickled a byte at a time cannot hold a request forever."""
+
+    def __init__(self, total: float | None, *, stall: float) -> None:
+        self.total = total
+        self.stall = stall
+        self._end = None if total is None else anyio.current_time() + total
+
+    def scope(self) -> AbstractContextManager[anyio.CancelScope]:
+        """The deadline of the next read: its stall, or the time left, whichever is less."""
+        if self._end is None:
+            return anyio.fail_after(self.stall)
+        return anyio.fail_after(max(0.0, min(self.stall, self._end - anyio.current_time())))
+
+    def passed(self) -> HttpError:
+        """The 408 for a read that :meth:`scope` timed out."""
+        if self._end is not None and anyio.current_time() >= self._end:
+            return HttpError(
+                408,
+                f"the request body did not arrive within {self.total:g} s (TALKIES_UPLOAD_TIMEOUT)",
+            )
+        return HttpError(408, "the request body stalled")
 
 
 async def _no_body() -> bytes:

@@ -139,6 +139,7 @@ class TalkiesASGI:
             receive,
             max_body=self.settings.max_upload_bytes,
             body_timeout=limits.body_timeout,
+            upload_timeout=self.settings.upload_timeout,
         )
         # The same head checks as the standalone server's; "connection: close" has the host
         # close the connection after the answer (RFC 9112 section 6.1 requires it for a

@@ -14,7 +14,15 @@ import anyio
 import anyio.abc
 import h11
 
-from ..app.http import Body, ClientGone, HttpError, Request, Response, reason_phrase
+from ..app.http import (
+    Body,
+    ClientGone,
+    HttpError,
+    Request,
+    Response,
+    UploadDeadline,
+    reason_phrase,
+)
 from .http import HttpLimits
 
 __all__ = ["build_request", "exchange", "send_response"]
@@ -49,8 +57,12 @@ def build_request(
     limits: HttpLimits,
     max_body: int,
     peer: str | None,
+    upload_timeout: float | None = None,
 ) -> Request:
-    """The app's view of an h11 request; its body is read from ``stream`` on demand."""
+    """The app's view of an h11 request; its body is read from ``stream`` on demand, a 408
+    once it sends nothing for ``limits.body_timeout`` or is not whole ``upload_timeout``
+    seconds after its head (``TALKIES_UPLOAD_TIMEOUT``; None: no overall deadline)."""
+    deadline = UploadDeadline(upload_timeout, stall=limits.body_timeout)
 
     async def receive() -> bytes:
         if conn.they_are_waiting_for_100_continue:
@@ -74,10 +86,10 @@ def build_request(
                 ) from None
             if event is h11.NEED_DATA:
                 try:
-                    with anyio.fail_after(limits.body_timeout):
+                    with deadline.scope():
                         data = await stream.receive(limits.read_size)
                 except TimeoutError:
-                    raise HttpError(408, "the request body stalled") from None
+                    raise deadline.passed() from None
                 except _READ_ERRORS:
                     raise ClientGone() from None
                 conn.receive_data(data)

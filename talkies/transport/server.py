@@ -292,6 +292,7 @@ class Server:
                 limits=limits,
                 max_body=self.settings.max_upload_bytes,
                 peer=peer,
+                upload_timeout=self.settings.upload_timeout,
             )
             problem = limits.head_problem(app_request)
             if problem is not None:
