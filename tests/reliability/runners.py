@@ -58,4 +58,4 @@ def server(tmp: Path, **settings: Any) -> Iterator[RunningServer]:
 
 
 # Register every runner.
-from . import runners_files, runners_http, runners_wire  # noqa: E402, F401
+from . import runners_files, runners_http, runners_memory, runners_wire  # noqa: E402, F401

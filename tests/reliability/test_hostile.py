@@ -67,6 +67,9 @@ REQUIRED = {
     "chunk-size-not-hex": "issue 21, point 7: a chunk size zz",
     "chunk-shorter-than-declared": "issue 21, point 7: a chunk shorter than declared",
     "speech-checked-before-load": "issue 21, point 7: validated before its model is loaded",
+    "upload-long": "issue 21, point 3: 4 uploads of 4 h of audio, decoded in bounded chunks",
+    "mcp-base64-large": "issue 21, point 4: MCP base64 audio, decoded incrementally and bounded",
+    "body-trickled": "issue 21, point 4: a body trickled 1 byte at a time has a deadline",
 }
 
 
