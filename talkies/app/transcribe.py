@@ -80,8 +80,9 @@ log = logging.getLogger("talkies.app")
 _GRANULARITIES = frozenset({"segment", "word"})
 
 # Chunks of audio.CHUNK_BYTES (2 s) that may wait between ffmpeg and the engine. With the
-# chunk ffmpeg's reader is filling, the one it is handing over and the one the engine holds,
-# a transcription holds at most CHANNEL_DEPTH + 3 chunks of PCM in the server (320 KB).
+# part of a chunk ffmpeg's reader is filling, the one it is handing over, the one the engine
+# holds and (for an engine process) its pickled copy on the way, a transcription holds fewer
+# than CHANNEL_DEPTH + 4 chunks of PCM in the server (384 KB), whatever the file's length.
 CHANNEL_DEPTH = 2
 
 # Runs the decoder, handing each chunk of PCM to the callable it is given; raises HttpError
