@@ -264,12 +264,14 @@ def page_on(browser: Any) -> Iterator[Any]:
 
 
 def _check_session(result: dict[str, Any], token: str | None) -> None:
-    # The partial line showed the words, revised in place, before anything was committed...
+    # The partial line showed the words, revised in place (with Whisper's utterances a pause
+    # inside the sentence may commit its first words before the rest are heard)...
     shown = [committed for text, committed in result["partials"] if words(text) == GOFORWARD]
-    assert shown and shown[0] == 0, result["partials"]
-    # ...then `final` committed them as a line and the partial line was emptied.
-    assert result["lines"] and result["lines"][-1][0] == "final", result["lines"]
-    assert words(result["lines"][-1][1]) == GOFORWARD, result["lines"]
+    assert shown, result["partials"]
+    # ...then an `endpoint` (Whisper's utterance, closed at the VAD pause after the words) or
+    # the `final` committed them as lines, and the partial line was emptied.
+    assert result["lines"] and {kind for kind, _ in result["lines"]} <= {"endpoint", "final"}
+    assert words(" ".join(text for _, text in result["lines"])) == GOFORWARD, result["lines"]
     assert [t for t, _ in result["partials"]][-1] == ""
     assert result["status"] == "Session finished." and "ok" in result["status_class"]
     # The wire: same origin, the token only as a subprotocol, the spec's start, 20 ms frames.
