@@ -405,7 +405,17 @@ def parse_responses(data: bytes, methods: list[bytes]) -> list[Response]:
                 continue
             method = methods[len(out)] if len(out) < len(methods) else b"GET"
             length = response.header(b"content-length")
-            if method == b"HEAD" or status in (204, 304):
+            closing = (response.header(b"connection") or b"").lower() == b"close"
+            if (
+                method == b"HEAD"
+                and closing
+                and length is not None
+                and len(data) - at == int(length)
+            ):
+                # A refusal of a head the server could not read (431): it cannot know the
+                # request was a HEAD, so its last answer carries a body, and the connection ends.
+                response.body, at = data[at:], len(data)
+            elif method == b"HEAD" or status in (204, 304):
                 pass
             elif b"chunked" in (response.header(b"transfer-encoding") or b"").lower():
                 response.body, at = _chunked(data, at)
