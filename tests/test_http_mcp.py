@@ -23,6 +23,8 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, TextContent
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from talkies.engines.supply.builtin import DEFAULT_SPEECH_MODEL
+
 from .fake_engine import speech, write_wav
 from .http_hosts import TOKEN, HttpHost
 from .modelgen_whisper import POCKETSPHINX_DATA, normalize_words
@@ -291,7 +293,7 @@ def test_speak_returns_speech_that_transcribes_back(host: HttpHost) -> None:
     async def main() -> tuple[Any, Any]:
         async with _mcp(host) as client:
             spoken = await client.call_tool(
-                "speak", {"text": "Please call Stella.", "voice": "echo"}
+                "speak", {"text": "Please call Stella.", "voice": "echo", "model": "kokoro-82m"}
             )
             audio = next(c for c in spoken.content if c.type == "audio")
             heard = await client.call_tool("transcribe", {"audio_base64": audio.data})
@@ -306,3 +308,20 @@ def test_speak_returns_speech_that_transcribes_back(host: HttpHost) -> None:
     assert audio.mime_type == "audio/wav"
     assert normalize_words(_text(heard)) == ["please", "call", "stella"]
     assert refused.is_error and refused.structured_content["error"]["status"] == 400
+
+
+def test_speak_defaults_to_the_default_speech_model(host: HttpHost) -> None:
+    """Without a model, ``speak`` uses the server's default voice, as ``talkies speak`` and
+    Wyoming do: Piper's English voice, heard back by the offline Whisper base."""
+
+    async def main() -> tuple[Any, Any]:
+        async with _mcp(host) as client:
+            spoken = await client.call_tool("speak", {"text": "Good morning, how are you today?"})
+            audio = next(c for c in spoken.content if c.type == "audio")
+            heard = await client.call_tool("transcribe", {"audio_base64": audio.data})
+            return spoken, heard
+
+    spoken, heard = _run(main)
+    assert not spoken.is_error, spoken
+    assert spoken.structured_content["model"] == DEFAULT_SPEECH_MODEL == "piper-en-us-joe"
+    assert normalize_words(_text(heard)) == ["good", "morning", "how", "are", "you", "today"]

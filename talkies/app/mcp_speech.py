@@ -35,7 +35,7 @@ from .. import transcripts
 from ..config import Settings
 from ..engines.base import TranscriptionRequest
 from ..engines.pool import ModelPool
-from ..engines.supply.builtin import DEFAULT_MODEL
+from ..engines.supply.builtin import DEFAULT_MODEL, DEFAULT_SPEECH_MODEL
 from ..engines.tts.base import SpeechRequest
 from .files import FileStore
 from .http import HttpError
@@ -122,7 +122,9 @@ class ListModelsArguments(StrictArguments):
 
 class SpeakArguments(StrictArguments):
     text: str = Field(description="What to say (at most 4096 characters).")
-    model: str = Field(default="kokoro-82m", description="The speech model's id (see list_models).")
+    model: str = Field(
+        default=DEFAULT_SPEECH_MODEL, description="The speech model's id (see list_models)."
+    )
     voice: str = Field(default="alloy", description="A voice of that model.")
     speed: float = Field(default=1.0, description="1 is the model's own pace.")
     language: str | None = Field(default=None, description="A language code such as 'en'.")
