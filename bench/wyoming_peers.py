@@ -1,6 +1,7 @@
 """Talkies' Wyoming server against wyoming-faster-whisper and wyoming-piper, in one run.
 
-    python bench/wyoming_peers.py --peers /path/to/venv/bin/python [--json]
+    python bench/wyoming_peers.py --peers /path/to/venv/bin/python [--only asr|tts] [--rounds N]
+        [--json]
 
 ``--peers`` is a Python with ``wyoming-faster-whisper`` 3.8.1 and ``wyoming-piper`` 2.5.2
 installed (their own venv: they pin other versions of what Talkies uses), plus the
@@ -18,7 +19,9 @@ utterance: time from ``audio-stop`` to ``transcript``, time from the first chunk
 and the server's CPU seconds (its process and children, from /proc).
 
 TTS: one sentence per request, after a warm-up: time to the first ``audio-chunk``, the whole
-time, and CPU seconds.
+time, and CPU seconds; ``--rounds`` times over the sentences, the servers taking turns
+sentence by sentence (both are up at once), so a shared machine's load falls on both alike.
+The summary gives the medians and, per sentence and round, Talkies' time over the peer's.
 """
 
 from __future__ import annotations
@@ -217,9 +220,46 @@ async def run_server(
             proc.kill()
 
 
+async def run_tts_pair(
+    servers: list[tuple[str, list[str], dict[str, str], int, str | None]], rounds: int
+) -> list[dict[str, Any]]:
+    """Every server up at once, taking turns sentence by sentence (``rounds`` times)."""
+    procs = [
+        subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _, cmd, env, _, _ in servers
+    ]
+    try:
+        for proc, (_, _, _, port, _) in zip(procs, servers, strict=True):
+            await wait_port(port, proc)
+        results: list[dict[str, Any]] = [{"server": name, "rows": []} for name, *_ in servers]
+        for _, _, _, port, model in servers:
+            await synthesize(port, "Hello there.", model)  # warm-up: loads the voice
+        for round_ in range(rounds):
+            for sentence in SENTENCES:
+                for proc, (_, _, _, port, model), result in zip(
+                    procs, servers, results, strict=True
+                ):
+                    before = cpu_seconds(proc.pid)
+                    row = await synthesize(port, sentence, model)
+                    row["cpu_s"] = cpu_seconds(proc.pid) - before
+                    row["sentence"], row["round"] = sentence, round_
+                    result["rows"].append(row)
+        return results
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", required=True, help="python of the peers' venv")
+    parser.add_argument("--only", choices=["asr", "tts"], help="one half of the benchmark")
+    parser.add_argument("--rounds", type=int, default=1, help="TTS: times over the sentences")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     from talkies.engines.piper import PIPER_JOE_FILES
@@ -270,40 +310,48 @@ def main() -> None:
         args.peers, "-m", "wyoming_piper", "--uri", f"tcp://127.0.0.1:{piper_port}",
         "--voice", "en_US-joe-medium", "--data-dir", str(voices),
     ]  # fmt: skip
-    results.append(
-        asyncio.run(
-            run_server(
-                "talkies", talkies_cmd, talkies_env, talkies_port, asr=True, model="whisper-base-en"
+    if args.only != "tts":
+        results.append(
+            asyncio.run(
+                run_server(
+                    "talkies",
+                    talkies_cmd,
+                    talkies_env,
+                    talkies_port,
+                    asr=True,
+                    model="whisper-base-en",
+                )
             )
         )
-    )
-    results.append(
-        asyncio.run(
-            run_server("wyoming-faster-whisper", fw_cmd, peer_env, fw_port, asr=True, model=None)
-        )
-    )
-    results.append(
-        asyncio.run(
-            run_server(
-                "talkies",
-                talkies_cmd,
-                talkies_env,
-                talkies_port,
-                asr=False,
-                model="piper-en-us-joe",
+        results.append(
+            asyncio.run(
+                run_server(
+                    "wyoming-faster-whisper", fw_cmd, peer_env, fw_port, asr=True, model=None
+                )
             )
         )
-    )
-    results.append(
-        asyncio.run(
-            run_server("wyoming-piper", piper_cmd, peer_env, piper_port, asr=False, model=None)
-        )
-    )
+    if args.only != "asr":
+        pair = [
+            ("talkies", talkies_cmd, talkies_env, talkies_port, "piper-en-us-joe"),
+            ("wyoming-piper", piper_cmd, peer_env, piper_port, None),
+        ]
+        tts = asyncio.run(run_tts_pair(pair, args.rounds))
+        results += tts
+        ratios = [
+            a["first_audio_s"] / b["first_audio_s"]
+            for a, b in zip(tts[0]["rows"], tts[1]["rows"], strict=True)
+        ]
+        results.append({"server": "talkies / wyoming-piper, first audio", "ratios": ratios})
     if args.json:
         print(json.dumps(results, indent=1))
         return
     for result in results:
         print(f"== {result['server']}")
+        if "ratios" in result:
+            ratios = result["ratios"]
+            print("  " + " ".join(f"{r:.2f}" for r in ratios))
+            print(f"  median: {statistics.median(ratios):.2f}")
+            continue
         for row in result["rows"]:
             print(
                 "  "

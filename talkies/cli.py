@@ -47,6 +47,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="URI",
         help="also serve Wyoming (Home Assistant) on tcp://HOST:PORT (TALKIES_WYOMING_URI)",
     )
+    serve.add_argument(
+        "--wyoming-zeroconf",
+        metavar="NAME",
+        nargs="?",
+        const="talkies",
+        help="advertise the Wyoming server over zeroconf as NAME (default talkies) so Home "
+        "Assistant discovers it (TALKIES_WYOMING_ZEROCONF)",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
 
     default_url = "http://127.0.0.1:8000"
@@ -139,6 +147,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         ("host", getattr(args, "host", None)),
         ("port", getattr(args, "port", None)),
         ("wyoming_uri", getattr(args, "wyoming", None)),
+        ("wyoming_zeroconf", getattr(args, "wyoming_zeroconf", None)),
     )
     overrides = {k: v for k, v in pairs if v is not None}
     return settings.with_overrides(**overrides) if overrides else settings
@@ -160,6 +169,8 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         async with anyio.create_task_group() as tg:
             await tg.start(server.serve)  # with the app's lifespan: TTL sweeper, unloading
             wyoming = None
+            if settings.wyoming_zeroconf is not None and settings.wyoming_uri is None:
+                log.warning("TALKIES_WYOMING_ZEROCONF is set without a Wyoming server: ignored")
             if settings.wyoming_uri is not None:  # Home Assistant's protocol, same pool
                 from .wyoming import WyomingServer
 

@@ -49,6 +49,7 @@ from wyoming.tts import (
 )
 
 from talkies.config import ConfigError, Settings, wyoming_address
+from talkies.wyoming.advertise import SERVICE_TYPE, advertised_address
 from talkies.wyoming.framing import MAX_DATA_BYTES, MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES
 
 from .modelgen_whisper import word_errors
@@ -396,6 +397,59 @@ def test_speech_over_http_streams_sentence_by_sentence(server: Served) -> None:
     assert len(chunks) >= 2 and sum(chunks) > 24000 * 2, chunks
 
 
+# -- metrics -----------------------------------------------------------------------------------
+
+
+def _scrape(http_port: int) -> dict[str, float]:
+    """``GET /metrics`` as {'name{labels}': value} (labels as the exposition writes them)."""
+    text = httpx.get(f"http://127.0.0.1:{http_port}/metrics", timeout=60).text
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def test_wyoming_traffic_is_in_the_metrics_under_its_own_surface(server: Served) -> None:
+    before = _scrape(server.http_port)
+    events, _ = run(synthesize(server.port, "Hello there."))
+    pcm, rate = pcm_of(events)
+    heard = transcribe(server.port, pcm, rate=rate)
+    assert run(heard)[-1].type == "transcript-stop"
+    run(synthesize(server.port, "Hello.", voice="no-such-voice"))  # refused before a slot
+    body = {"model": "piper-en-us-joe", "input": "Hello there.", "voice": "joe"}
+    body["response_format"] = "pcm"
+    speech = httpx.post(
+        f"http://127.0.0.1:{server.http_port}/v1/audio/speech", json=body, timeout=600
+    )
+    assert speech.status_code == 200
+    after = _scrape(server.http_port)
+
+    def grew(sample: str) -> float:
+        return after.get(sample, 0.0) - before.get(sample, 0.0)
+
+    wyoming_end = 'code="",outcome="end",surface="wyoming"'
+    assert grew(f"talkies_streams_total{{{wyoming_end}}}") == 1
+    chunks = -(-len(pcm) // (rate // 10 * 2))  # transcribe() sends 100 ms chunks
+    assert grew('talkies_audio_frames_total{surface="wyoming"}') == chunks
+    seconds = grew('talkies_audio_seconds_total{surface="wyoming"}')
+    assert seconds == pytest.approx(len(pcm) / 2 / rate, abs=0.01)
+    assert grew('talkies_event_latency_seconds_count{surface="wyoming"}') >= 1
+    assert grew(f"talkies_syntheses_total{{{wyoming_end}}}") == 1  # the refusal took no slot
+    assert grew('talkies_first_audio_seconds_count{surface="wyoming"}') == 1
+    spoken = grew('talkies_speech_audio_seconds_total{surface="wyoming"}')
+    assert spoken == pytest.approx(len(pcm) / 2 / rate, abs=0.01)
+    # The HTTP route's synthesis is counted beside it, under its own surface.
+    assert grew('talkies_syntheses_total{code="",outcome="end",surface="http"}') == 1
+    assert grew('talkies_first_audio_seconds_count{surface="http"}') == 1
+    http_spoken = grew('talkies_speech_audio_seconds_total{surface="http"}')
+    assert http_spoken == pytest.approx(len(speech.content) / 2 / 24000, abs=0.01)
+    # The WebSocket's series are untouched by it.
+    websocket = [k for k in after if 'surface="websocket"' in k and grew(k)]
+    assert not websocket, websocket
+
+
 # -- hostile clients ---------------------------------------------------------------------------
 
 
@@ -517,6 +571,102 @@ def test_sigterm_lets_a_synthesis_finish_then_exits_0(tmp_path: Path) -> None:
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", served.port), timeout=2).close()
     finally:
+        if served.proc.poll() is None:
+            served.proc.kill()
+            served.proc.wait(timeout=30)
+
+
+# -- zeroconf ----------------------------------------------------------------------------------
+
+
+def test_the_zeroconf_setting() -> None:
+    assert Settings.from_env({"TALKIES_WYOMING_ZEROCONF": "kitchen"}).wyoming_zeroconf == "kitchen"
+    assert Settings.from_env({}).wyoming_zeroconf is None  # off by default
+    for bad in ("a.b", "x" * 64, "é" * 32, "tab\there"):
+        with pytest.raises(ConfigError, match="TALKIES_WYOMING_ZEROCONF"):
+            Settings.from_env({"TALKIES_WYOMING_ZEROCONF": bad})
+    assert advertised_address("127.0.0.1") == "127.0.0.1"
+    assert advertised_address("::1") == "::1"
+    wildcard = advertised_address("0.0.0.0")  # the address the mDNS group is reached from
+    assert wildcard != "0.0.0.0" and socket.inet_aton(wildcard)
+
+
+def _multicast_is_delivered(zeroconf: Any) -> bool:
+    """Whether this network namespace carries mDNS at all: one Zeroconf finds another's."""
+    name = f"talkies-probe-{os.getpid()}.{SERVICE_TYPE}"
+    info = zeroconf.ServiceInfo(
+        SERVICE_TYPE, name, addresses=[socket.inet_aton("127.0.0.1")], port=9
+    )
+    try:
+        owner, asker = zeroconf.Zeroconf(), zeroconf.Zeroconf()
+    except OSError:  # no interface to multicast on
+        return False
+    try:
+        owner.register_service(info)
+        return asker.get_service_info(SERVICE_TYPE, name, timeout=5000) is not None
+    except OSError:
+        return False
+    finally:
+        owner.close()
+        asker.close()
+
+
+def test_zeroconf_advertises_the_server_until_it_stops(tmp_path: Path) -> None:
+    zeroconf = pytest.importorskip("zeroconf")
+    name = f"talkies-test-{os.getpid()}"
+    full = f"{name}.{SERVICE_TYPE}"
+    changes: list[tuple[str, str]] = []
+
+    def on_change(zeroconf: Any, service_type: str, name: str, state_change: Any) -> None:
+        changes.append((state_change.name, name))
+
+    try:
+        browser_zc = zeroconf.Zeroconf()
+    except OSError:  # no interface to multicast on: checked below, from the server's side
+        browser_zc = None
+    else:
+        browser = zeroconf.ServiceBrowser(browser_zc, SERVICE_TYPE, handlers=[on_change])
+    served = _start(tmp_path, "--wyoming", "tcp://127.0.0.1:0", "--wyoming-zeroconf", name)
+    try:
+        deadline = time.monotonic() + 30
+        outcomes = ("wyoming advertised", "wyoming not advertised")
+        while not any(map(served.logged, outcomes)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        advertised = bool(served.logged("wyoming advertised"))
+        if advertised:
+            (record,) = served.logged("wyoming advertised")
+            assert record["service"] == full and record["port"] == served.port
+            assert record["address"] == "127.0.0.1"
+        else:  # the network refused it: a warning, and the server goes on
+            assert served.logged("wyoming not advertised"), served.records[-5:]
+        discovered = False
+        if advertised and browser_zc is not None:
+            deadline = time.monotonic() + 10
+            while ("Added", full) not in changes and time.monotonic() < deadline:
+                time.sleep(0.1)
+            discovered = ("Added", full) in changes
+        if discovered:  # what Home Assistant's zeroconf discovery reads
+            assert browser_zc is not None
+            info = browser_zc.get_service_info(SERVICE_TYPE, full, timeout=5000)
+            assert info is not None and info.port == served.port
+            assert info.parsed_addresses() == ["127.0.0.1"]
+        else:  # only if this namespace carries no mDNS at all: say so, do not pass silently
+            assert not _multicast_is_delivered(zeroconf), (changes, served.records[-5:])
+            log.warning("zeroconf: no multicast in this network namespace; discovery unchecked")
+        assert run(describe(served.port))[0].asr  # serving all along
+        served.proc.send_signal(signal.SIGTERM)
+        assert served.proc.wait(timeout=120) == 0
+        if advertised:
+            assert served.logged("wyoming no longer advertised")
+        if discovered:  # the goodbye: Home Assistant drops it at once, not at the TTL
+            deadline = time.monotonic() + 10
+            while ("Removed", full) not in changes and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert ("Removed", full) in changes, changes
+    finally:
+        if browser_zc is not None:
+            browser.cancel()
+            browser_zc.close()
         if served.proc.poll() is None:
             served.proc.kill()
             served.proc.wait(timeout=30)

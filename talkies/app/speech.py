@@ -22,12 +22,13 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from collections.abc import Callable
 from typing import Any, cast
 
 import anyio
 
-from .. import audio
+from .. import audio, metrics
 from ..engines import catalogue
 from ..engines.pool import ModelPool
 from ..engines.tts.base import (
@@ -48,6 +49,16 @@ __all__ = ["speech_route", "synthesize", "voices_route"]
 log = logging.getLogger("talkies.app")
 
 _MAX_BODY = 65536  # 4096 characters of input, as UTF-8 and JSON-escaped, fit easily
+_SURFACE = "http"  # the metrics' surface label: this route and MCP's speak
+
+
+def _ended(outcome: str, code: str = "", *, pcm_bytes: int = 0, rate: int = 0) -> None:
+    """Count a synthesis that took a slot: ``end``, ``peer_gone`` or its error code."""
+    metrics.SYNTHESES.labels(_SURFACE, outcome, code).inc()
+    if pcm_bytes and rate:
+        metrics.SPEECH_AUDIO_SECONDS.labels(_SURFACE).inc(pcm_bytes / 2 / rate)
+
+
 _FIELDS = {"model", "input", "voice", "response_format", "speed", "instructions", "language"}
 
 
@@ -118,11 +129,16 @@ class _StreamedSpeech:
     """A response body over a synthesis: its chunks as they come, the slot released exactly
     once when the host closes it (done, failed or the client gone), even if never read."""
 
-    def __init__(self, first: bytes, stream: SpeechStream, release: Callable[[], None]) -> None:
+    def __init__(
+        self, first: bytes, stream: SpeechStream, release: Callable[[], None], rate: int
+    ) -> None:
         self._first: bytes | None = first
         self._stream = stream
         self._release = release
         self._closed = False
+        self._rate = rate
+        self._sent = len(first)
+        self._outcome = ("peer_gone", "")  # until the synthesis ends or fails
 
     def __aiter__(self) -> _StreamedSpeech:
         return self
@@ -133,7 +149,16 @@ class _StreamedSpeech:
             return first
         if self._closed:
             raise StopAsyncIteration
-        return await self._stream.__anext__()
+        try:
+            chunk = await self._stream.__anext__()
+        except StopAsyncIteration:
+            self._outcome = ("end", "")
+            raise
+        except SynthesisFailed:
+            self._outcome = ("server_error", "server_error")
+            raise
+        self._sent += len(chunk)
+        return chunk
 
     async def aclose(self) -> None:
         if self._closed:
@@ -143,6 +168,7 @@ class _StreamedSpeech:
             await self._stream.aclose()
         finally:
             self._release()
+            _ended(*self._outcome, pcm_bytes=self._sent, rate=self._rate)
 
 
 async def _start(
@@ -157,15 +183,23 @@ async def _start(
         check_request(speech, speed_range=API_SPEED_RANGE)
     except SpeechError as exc:
         raise http_error(exc) from None
-    loaded, release = await acquire_model(pool, slug)
+    started = time.monotonic()
+    try:
+        loaded, release = await acquire_model(pool, slug)
+    except HttpError as exc:
+        _ended(exc.code or "error", exc.code or "error")
+        raise
     model = cast(SpeechModel, loaded)  # a TTS entry's executor loads a speech model
     try:
         stream = await model.synthesize(speech, chunk_steps=chunk_steps)  # validates first
     except SpeechError as exc:
         release()
-        raise http_error(exc) from None
+        error = http_error(exc)
+        _ended(error.code or "error", error.code or "error")
+        raise error from None
     except BaseException:
         release()
+        _ended("peer_gone")
         raise
     try:
         first = await anext(stream, b"")
@@ -173,24 +207,35 @@ async def _start(
         await stream.aclose()
         release()
         if isinstance(exc, SpeechError):
-            raise http_error(exc) from None
+            error = http_error(exc)
+            _ended(error.code or "error", error.code or "error")
+            raise error from None
         if isinstance(exc, SynthesisFailed):
+            _ended("server_error", "server_error")
             raise HttpError(500, str(exc), code="server_error") from None
+        _ended("peer_gone")
         raise
+    metrics.FIRST_AUDIO_SECONDS.labels(_SURFACE).observe(time.monotonic() - started)
     return model, stream, first, release
 
 
-async def _rest(stream: SpeechStream, first: bytes, release: Callable[[], None]) -> bytes:
+async def _rest(
+    stream: SpeechStream, first: bytes, release: Callable[[], None], rate: int
+) -> bytes:
     """Every chunk after ``first``; then the stream is closed and the slot released."""
     chunks = [first]
+    outcome = ("peer_gone", "")
     try:
         async for chunk in stream:
             chunks.append(chunk)
+        outcome = ("end", "")
     except SynthesisFailed as exc:
+        outcome = ("server_error", "server_error")
         raise HttpError(500, str(exc), code="server_error") from None
     finally:
         await stream.aclose()
         release()
+        _ended(*outcome, pcm_bytes=sum(map(len, chunks)), rate=rate)
     return b"".join(chunks)
 
 
@@ -206,7 +251,8 @@ async def synthesize(
 ) -> tuple[bytes, str, int]:
     """A whole utterance, encoded: (data, content type, sample rate). For MCP's ``speak``."""
     model, stream, first, release = await _start(pool, slug, speech, chunk_steps=chunk_steps)
-    data, content_type = await _encode(await _rest(stream, first, release), model, fmt)
+    pcm = await _rest(stream, first, release, model.sample_rate)
+    data, content_type = await _encode(pcm, model, fmt)
     return data, content_type, model.sample_rate
 
 
@@ -217,8 +263,10 @@ async def speech_route(request: Request, *, pool: ModelPool, chunk_steps: int) -
     if model.streaming and fmt == "pcm":
         # The body owns the stream, and the slot, from here on.
         headers.insert(0, (b"content-type", b"application/octet-stream"))
-        return Response(status=200, headers=headers, body=_StreamedSpeech(first, stream, release))
-    data, content_type = await _encode(await _rest(stream, first, release), model, fmt)
+        body = _StreamedSpeech(first, stream, release, model.sample_rate)
+        return Response(status=200, headers=headers, body=body)
+    pcm = await _rest(stream, first, release, model.sample_rate)
+    data, content_type = await _encode(pcm, model, fmt)
     headers.insert(0, (b"content-type", content_type.encode()))
     return Response(status=200, headers=headers, body=data)
 

@@ -1,0 +1,196 @@
+"""Speech to text over Wyoming: ``transcribe {name?, language?}``, then ``audio-start`` /
+``audio-chunk``* / ``audio-stop`` (any rate, width and channel count, converted to 16 kHz
+mono) -> ``transcript-start``, a ``transcript-chunk`` for each utterance the engine commits
+(append-only: the chunks join into the transcript), ``transcript``, ``transcript-stop``.
+
+A transcription is a pool stream: the same slots, pinning and engine runtime as a WebSocket
+stream; its audio is decoded while it arrives."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+
+from .. import metrics
+from ..engines import catalogue
+from ..engines.base import EngineStream, Refusal, RefusalKind
+from ..engines.supply.builtin import DEFAULT_MODEL
+from ..protocol import EngineEndpoint, EngineFailed, EngineFinal
+from ..protocol.messages import StartOptions, normalize_language
+from .audio import AudioFormatError, PcmConverter, audio_format
+from .channel import Channel, Close, text_field
+from .framing import WireEvent
+
+__all__ = ["Transcriber"]
+
+_INVALID = RefusalKind.INVALID_INPUT
+_SURFACE = "wyoming"  # the metrics' surface label
+_EVENT_LATENCY = metrics.EVENT_LATENCY_SECONDS.labels(surface=_SURFACE)
+
+
+class _Transcription:
+    """One ``audio-start`` .. ``audio-stop``: the pool stream, the converter, what was said."""
+
+    def __init__(self, stream: EngineStream, converter: PcmConverter) -> None:
+        self.stream = stream
+        self.converter = converter
+        self.sent: list[str] = []  # the transcript-chunks sent, in order
+        self.done = anyio.Event()
+        # For the metrics: how it ended (as a WebSocket stream's outcome, and its error
+        # code), the audio-chunks taken, when audio last went to the engine.
+        self.outcome = ("peer_gone", "")
+        self.frames = 0
+        self.fed_at = 0.0
+
+
+class Transcriber:
+    """One connection's speech-to-text: at most one transcription at a time."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.pool = channel.pool
+        self.model: str | None = None
+        self.language: str | None = None
+        self.transcription: _Transcription | None = None
+        self.dropping = False  # the transcription failed: its audio is dropped until audio-stop
+
+    def _entry(self, name: str | None) -> str:
+        slug = name or (DEFAULT_MODEL if self.pool.entry(DEFAULT_MODEL) else None)
+        if slug is None:
+            for candidate in self.pool.slugs():
+                entry = self.pool.entry(candidate)
+                if entry is not None and catalogue.executor_of(entry).streams:
+                    slug = candidate
+                    break
+        entry = self.pool.entry(slug) if slug else None
+        if entry is None:
+            raise Refusal(RefusalKind.UNKNOWN_MODEL, f"unknown model {str(name)[:64]!r}")
+        if not catalogue.executor_of(entry).streams:
+            raise Refusal(
+                RefusalKind.STREAMING_NOT_SUPPORTED, f"model {slug!r} is not a streaming ASR model"
+            )
+        return entry.slug
+
+    async def transcribe(self, event: WireEvent) -> None:
+        if self.transcription is not None:
+            raise Refusal(_INVALID, "a transcription is in progress: send audio-stop first")
+        name = text_field(event.data, "name", 256)
+        language = text_field(event.data, "language", 32)
+        if language is not None and normalize_language(language) is None:
+            raise Refusal(
+                RefusalKind.INVALID_LANGUAGE,
+                f"language must be a code such as 'en', got {language!r}",
+            )
+        self.model = self._entry(name)
+        self.language = normalize_language(language) if language else None
+
+    async def audio_start(self, event: WireEvent) -> None:
+        if self.transcription is not None:
+            raise Refusal(_INVALID, "audio-start during a transcription: send audio-stop first")
+        self.dropping = False
+        await self._open(event)
+
+    async def _open(self, event: WireEvent) -> None:
+        try:
+            converter = PcmConverter(*audio_format(event.data))
+        except AudioFormatError as exc:
+            raise Refusal(_INVALID, str(exc)) from None
+        slug = self.model or self._entry(None)
+        options = StartOptions(model=slug, language=self.language)
+        self.channel.busy(+1)
+        try:
+            stream = await self.pool.open_stream(options)
+        except BaseException:
+            self.channel.busy(-1)
+            raise
+        job = self.transcription = _Transcription(stream, converter)
+        await self.channel.send(
+            "transcript-start", {"language": self.language} if self.language else None
+        )
+        self.channel.start_soon(lambda: self._results(job))
+
+    async def _results(self, job: _Transcription) -> None:
+        """The engine's results as transcript events, until its final (or failure)."""
+        send = self.channel.send
+        try:
+            async for result in job.stream.events():
+                if isinstance(result, EngineEndpoint | EngineFinal) and result.text.strip():
+                    text = result.text.strip()
+                    piece = text if not job.sent else " " + text
+                    job.sent.append(text)
+                    if job.fed_at:
+                        _EVENT_LATENCY.observe(time.monotonic() - job.fed_at)
+                    await send("transcript-chunk", {"text": piece})
+                if isinstance(result, EngineFinal):
+                    job.outcome = ("end", "")
+                    transcript: dict[str, Any] = {"text": " ".join(job.sent)}
+                    if self.language:
+                        transcript["language"] = self.language
+                    await send("transcript", transcript)
+                    await send("transcript-stop")
+                    break
+                if isinstance(result, EngineFailed):
+                    self.dropping = True  # the rest of its audio, until audio-stop
+                    job.outcome = ("server_error", "server_error")
+                    await self.channel.error(result.detail, "server_error")
+                    break
+        finally:
+            job.done.set()
+            if self.transcription is job:
+                await self.end()
+
+    async def audio_chunk(self, event: WireEvent) -> None:
+        job = self.transcription
+        if self.dropping:
+            return
+        if job is None:  # no audio-start: the chunk's own format opens the stream
+            await self._open(event)
+            job = self.transcription
+            assert job is not None
+        if job.done.is_set():
+            return  # the stream failed (its error was sent): the rest of its audio is dropped
+        try:
+            chunk_format = audio_format(event.data)
+        except AudioFormatError as exc:
+            raise Refusal(_INVALID, str(exc)) from None
+        if chunk_format != job.converter.format:
+            raise Refusal(_INVALID, "an audio-chunk's format differs from its audio-start")
+        pcm = job.converter.convert(event.payload or b"")
+        job.frames += 1
+        limit = self.channel.settings.stream_max_duration
+        if job.converter.seconds > limit:
+            job.outcome = ("audio_too_long", "audio_too_long")
+            await self.channel.error(f"the audio is longer than {limit:g} s", "audio_too_long")
+            raise Close
+        if pcm:
+            await job.stream.feed(pcm)
+            job.fed_at = time.monotonic()
+
+    async def audio_stop(self, event: WireEvent) -> None:
+        job = self.transcription
+        if self.dropping:
+            self.dropping = False
+            return
+        if job is None:
+            raise Refusal(_INVALID, "audio-stop without audio-start")
+        if not job.done.is_set():
+            rest = job.converter.convert(b"", last=True)
+            if rest:
+                await job.stream.feed(rest)
+                job.fed_at = time.monotonic()
+            await job.stream.flush()
+            await job.done.wait()
+        await self.end()
+
+    async def end(self) -> None:
+        """Close the transcription in progress, if any (its slot is free when this returns)."""
+        job, self.transcription = self.transcription, None
+        if job is not None:
+            with anyio.CancelScope(shield=True):
+                await job.stream.aclose()
+            self.channel.busy(-1)
+            metrics.STREAMS.labels(_SURFACE, *job.outcome).inc()
+            metrics.FRAMES.labels(_SURFACE).inc(job.frames)
+            metrics.AUDIO_SECONDS.labels(_SURFACE).inc(job.converter.seconds)
