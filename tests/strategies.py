@@ -97,11 +97,15 @@ def client_messages(draw: st.DrawFn) -> list[Input]:
     return [BinaryReceived(data=p, final=i == len(pieces_b) - 1) for i, p in enumerate(pieces_b)]
 
 
+# The engine runtime's lag on a result (seconds); the session must turn anything, even a
+# value no runtime sends (NaN, negative, infinite), into a valid event.
+lags = st.one_of(st.none(), st.floats(0, 30), st.floats(allow_nan=True, allow_infinity=True))
+
 driver_inputs = st.one_of(
     st.just(EngineOpened()),
-    st.builds(EnginePartial, text=transcripts, words=words),
-    st.builds(EngineEndpoint, text=transcripts, words=words),
-    st.builds(EngineFinal, text=transcripts, words=words),
+    st.builds(EnginePartial, text=transcripts, words=words, lag=lags),
+    st.builds(EngineEndpoint, text=transcripts, words=words, lag=lags),
+    st.builds(EngineFinal, text=transcripts, words=words, lag=lags),
     st.builds(EngineFailed, detail=st.text(max_size=10)),
     st.builds(Refused, code=st.sampled_from(list(ErrorCode)), detail=st.text(max_size=10)),
     st.just(AuthRejected()),
@@ -148,9 +152,11 @@ def representative(kind: InputKind) -> st.SearchStrategy[Input]:
             lambda frames: AudioBatch(frames=tuple(frames))
         ),
         InputKind.ENGINE_OPENED: st.just(EngineOpened()),
-        InputKind.ENGINE_PARTIAL: st.builds(EnginePartial, text=transcripts, words=words),
-        InputKind.ENGINE_ENDPOINT: st.builds(EngineEndpoint, text=transcripts, words=words),
-        InputKind.ENGINE_FINAL: st.builds(EngineFinal, text=transcripts, words=words),
+        InputKind.ENGINE_PARTIAL: st.builds(EnginePartial, text=transcripts, words=words, lag=lags),
+        InputKind.ENGINE_ENDPOINT: st.builds(
+            EngineEndpoint, text=transcripts, words=words, lag=lags
+        ),
+        InputKind.ENGINE_FINAL: st.builds(EngineFinal, text=transcripts, words=words, lag=lags),
         InputKind.ENGINE_FAILED: st.builds(EngineFailed, detail=st.text(max_size=10)),
         InputKind.REFUSED: st.builds(
             Refused, code=st.sampled_from(list(ErrorCode)), detail=st.text(max_size=10)

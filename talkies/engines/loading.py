@@ -132,6 +132,8 @@ class LoadPipeline:
             model.rounds.label = entry.slug  # the model label of its decode-round times
             # The entry's own deadline, else TALKIES_DECODE_TIMEOUT.
             model.rounds.timeout = entry.decode_timeout or settings.decode_timeout
+            # The lag over which it refuses new streams (runtime/lag.py).
+            model.rounds.max_lag = settings.max_lag_for(entry.max_lag)
         _loaded_in(entry, time.monotonic() - began)
         return model
 

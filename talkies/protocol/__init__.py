@@ -41,6 +41,7 @@ from .inputs import (
     TextReceived,
     Tick,
 )
+from .lag import LagRecord, LagSummary
 from .messages import MAX_CONTROL_BYTES, MODEL_SLUG, StartOptions
 from .session import SessionLimits, StreamSession
 from .table import TABLE, Handler, InputKind, Rule, State
@@ -73,6 +74,8 @@ __all__ = [
     "Handler",
     "Input",
     "InputKind",
+    "LagRecord",
+    "LagSummary",
     "Open",
     "Partial",
     "PeerGone",

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from .errors import ErrorCode
+from .lag import LagSummary
 
 __all__ = [
     "CHANNELS",
@@ -94,7 +95,12 @@ class Ready:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TranscriptEvent:
-    """The shared shape of ``partial``, ``endpoint`` and ``final``."""
+    """The shared shape of ``partial``, ``endpoint`` and ``final``.
+
+    ``lag`` is an extension beside the spec's fields, like a word's ``confidence``: seconds
+    the decoder was behind the audio the server had received when it produced this result
+    (docs/protocol.md); absent, never ``null``, where the engine runtime did not measure it.
+    """
 
     type: ClassVar[str]
     is_final: ClassVar[bool] = False
@@ -102,9 +108,14 @@ class TranscriptEvent:
     text: str
     words: tuple[Word, ...] = field(default=())
     audio_seconds: float
+    lag: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.lag is not None and not (math.isfinite(self.lag) and self.lag >= 0):
+            raise ValueError(f"lag must be a finite number of seconds >= 0, got {self.lag}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "type": self.type,
             "revision": self.revision,
             "text": self.text,
@@ -112,6 +123,9 @@ class TranscriptEvent:
             "audio_seconds": self.audio_seconds,
             "is_final": self.is_final,
         }
+        if self.lag is not None:
+            out["lag"] = self.lag
+        return out
 
     def to_json(self) -> str:
         return _dumps(self.to_dict())
@@ -141,20 +155,28 @@ class Final(TranscriptEvent):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Stats:
-    """The terminal accounting event of ``end`` and ``cancel``."""
+    """The terminal accounting event of ``end`` and ``cancel``.
+
+    ``lag`` is an extension: percentiles of the lag the stream's results carried, absent when
+    none carried one (docs/protocol.md).
+    """
 
     type: ClassVar[str] = "stats"
     audio_seconds: float
     frames: int
     canceled: bool
+    lag: LagSummary | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "type": self.type,
             "audio_seconds": self.audio_seconds,
             "frames": self.frames,
             "canceled": self.canceled,
         }
+        if self.lag is not None:
+            out["lag"] = self.lag.to_dict()
+        return out
 
     def to_json(self) -> str:
         return _dumps(self.to_dict())

@@ -73,10 +73,17 @@ class EngineOpened:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EnginePartial:
-    """A revisable hypothesis for the current utterance."""
+    """A revisable hypothesis for the current utterance.
+
+    ``lag`` (here and on the other results): seconds of the audio the server had received
+    for the stream that the decoder had not yet answered for when it produced this result,
+    as the engine runtime measured it (talkies/engines/runtime/lag.py; None: not measured).
+    The session sends it on the transcript event and sums it up in ``stats``.
+    """
 
     text: str
     words: tuple[Word, ...] = ()
+    lag: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -85,6 +92,7 @@ class EngineEndpoint:
 
     text: str
     words: tuple[Word, ...] = ()
+    lag: float | None = None  # as on EnginePartial
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -93,6 +101,7 @@ class EngineFinal:
 
     text: str
     words: tuple[Word, ...] = ()
+    lag: float | None = None  # as on EnginePartial
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -45,6 +45,7 @@ from .inputs import (
     TextReceived,
     Tick,
 )
+from .lag import LagRecord, clean_lag
 from .messages import (
     MAX_CONTROL_BYTES,
     Envelope,
@@ -150,6 +151,7 @@ class StreamSession:
         self._audio_parts: list[bytes] | None = None
         self._audio_size = 0
         self._hypothesis: tuple[str, tuple[Word, ...]] = ("", ())
+        self.lag = LagRecord()  # the lag the engine's results carried, for stats
         self._handlers: dict[Handler, _HandlerFn] = {
             h: getattr(self, f"_on_{h.value}") for h in Handler
         }
@@ -280,11 +282,7 @@ class StreamSession:
     def _on_cancel(self, rule: Rule, event: Input, payload: object) -> None:
         assert isinstance(payload, Envelope)
         check_control(payload)
-        self._finish(
-            (Stats(audio_seconds=self.audio_seconds, frames=self.frames, canceled=True),),
-            CloseCode.NORMAL,
-            "cancel",
-        )
+        self._finish((self._stats(canceled=True),), CloseCode.NORMAL, "cancel")
 
     def _on_buffer_text(self, rule: Rule, event: Input, payload: object) -> None:
         assert isinstance(payload, bytes)
@@ -391,30 +389,36 @@ class StreamSession:
         assert isinstance(event, EnginePartial)
         assert self.options is not None
         text, words = _clean_text(event.text), self._words(event.words)
+        lag = self._lag(event.lag)
         if (text, words) == self._hypothesis:
             return  # an unchanged hypothesis is not a revision
         self._hypothesis = (text, words)
         if self.options.interim_results:
-            self._send_transcript(Partial, text, words)
+            self._send_transcript(Partial, text, words, lag)
 
     def _on_endpoint(self, rule: Rule, event: Input, payload: object) -> None:
         assert isinstance(event, EngineEndpoint)
         text, words = _clean_text(event.text), self._words(event.words)
+        lag = self._lag(event.lag)
         previous, self._hypothesis = self._hypothesis, ("", ())
         if not text and not words and previous == ("", ()):
             # An empty utterance after an empty hypothesis tells the client nothing: silence.
             return
-        self._send_transcript(Endpoint, text, words)
+        self._send_transcript(Endpoint, text, words, lag)
 
     def _on_final(self, rule: Rule, event: Input, payload: object) -> None:
         assert isinstance(event, EngineFinal)
         text, words = _clean_text(event.text), self._words(event.words)
+        lag = self._lag(event.lag)
         self.revision += 1
         final = Final(
-            revision=self.revision, text=text, words=words, audio_seconds=self.audio_seconds
+            revision=self.revision,
+            text=text,
+            words=words,
+            audio_seconds=self.audio_seconds,
+            lag=lag,
         )
-        stats = Stats(audio_seconds=self.audio_seconds, frames=self.frames, canceled=False)
-        self._finish((final, stats), CloseCode.NORMAL, "end")
+        self._finish((final, self._stats(canceled=False)), CloseCode.NORMAL, "end")
 
     def _on_engine_failed(self, rule: Rule, event: Input, payload: object) -> None:
         assert isinstance(event, EngineFailed)
@@ -469,12 +473,36 @@ class StreamSession:
             return words
         return tuple(replace(w, word=_clean_text(w.word)) for w in words)
 
+    def _lag(self, seconds: float | None) -> float | None:
+        """A result's lag as its event carries it; every result counts towards stats, sent
+        or not (an unchanged partial still says how far behind the decoder was)."""
+        lag = clean_lag(seconds)
+        if lag is not None:
+            self.lag.add(lag)
+        return lag
+
+    def _stats(self, *, canceled: bool) -> Stats:
+        return Stats(
+            audio_seconds=self.audio_seconds,
+            frames=self.frames,
+            canceled=canceled,
+            lag=self.lag.summary(),
+        )
+
     def _send_transcript(
-        self, cls: type[TranscriptEvent], text: str, words: tuple[Word, ...]
+        self,
+        cls: type[TranscriptEvent],
+        text: str,
+        words: tuple[Word, ...],
+        lag: float | None,
     ) -> None:
         self.revision += 1
         event = cls(
-            revision=self.revision, text=text, words=words, audio_seconds=self.audio_seconds
+            revision=self.revision,
+            text=text,
+            words=words,
+            audio_seconds=self.audio_seconds,
+            lag=lag,
         )
         assert isinstance(event, Partial | Endpoint)
         self._actions.append(Send(event=event))

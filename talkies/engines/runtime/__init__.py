@@ -58,7 +58,9 @@ Modules: :mod:`.rounds` (a model's :class:`DecodeRounds` and its :class:`Threade
 :mod:`.threads` (the round threads, a round's steps, the deadline's bookkeeping), :mod:`.model`
 (:class:`RecognitionModel`, the loaded-model base of every engine the runtime drives),
 :mod:`.loop` (callbacks onto the event loop from threads), :mod:`.slots` (a model's
-concurrent users) and :mod:`.memory` (a closed stream's heap back to the system).
+concurrent users), :mod:`.memory` (a closed stream's heap back to the system) and :mod:`.lag`
+(how far each stream's decoder is behind its audio; a model that cannot keep up refuses new
+streams).
 """
 
 from .model import RecognitionModel

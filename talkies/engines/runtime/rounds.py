@@ -4,6 +4,7 @@ the whole runtime: queues, rounds, spacing, results, batching, gathering, deadli
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 
@@ -11,9 +12,11 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from ...protocol import EngineFailed, EngineFinal
-from ..base import EngineEvent, Recognition, ResultListener, Work
+from ...metrics import LAG_REFUSALS
+from ...protocol import EngineFailed, EngineFinal, ErrorCode
+from ..base import EngineEvent, Recognition, Refusal, ResultListener, Work
 from . import memory
+from .lag import LagMeter, lag_detail
 from .loop import Wake, ignore, waker
 from .schedule import DEFAULT_DECODE_TIMEOUT, RoundScheduler
 
@@ -34,6 +37,10 @@ class DecodeRounds(RoundScheduler):
         raises (a :class:`~talkies.engines.base.Refusal`) propagates."""
         if max_buffered_bytes < 2:
             raise ValueError("max_buffered_bytes must be at least 2")
+        lag = self.lagging()
+        if lag is not None:  # refused rather than making every stream fall further behind
+            LAG_REFUSALS.labels(self.label).inc()
+            raise Refusal(ErrorCode.CONNECTION_LIMIT, lag_detail(self.label, lag, self.max_lag))
         # Not abandoned on cancel: a recognition that was made is handed over (and closed by
         # whoever closes the stream), never leaked by a caller that went away meanwhile.
         recognition = await anyio.to_thread.run_sync(create)
@@ -76,6 +83,9 @@ class ThreadedStream:
         self._room = anyio.Event()  # the queue drained
         self._idle = anyio.Event()  # not inside a round (for aclose)
         self._idle.set()
+        self._lag = LagMeter()  # runtime/lag.py
+        self._settled_lag = 0.0  # the lag its last round ended with
+        self._claimed_at = 0.0  # when its round in progress took its work
         self._rounds.register(self)
 
     @property
@@ -85,6 +95,15 @@ class ThreadedStream:
     @property
     def buffered_bytes(self) -> int:
         return self._pending_bytes
+
+    def lag(self, now: float) -> float:
+        """Seconds the decoder is behind the audio received (:mod:`.lag`): the lag its last
+        round ended with, or while a round runs longer than that, how long it has run (of
+        the audio still unanswered); 0 once ended."""
+        if self.ended or self._closed:
+            return 0.0
+        running = now - self._claimed_at if self.busy else 0.0
+        return max(self._settled_lag, min(self._lag.lag(now), running))
 
     # -- the rounds' side -------------------------------------------------------------------
 
@@ -114,7 +133,9 @@ class ThreadedStream:
             self._room.set()
             finish = self._flush and not self._finish_given
             self._finish_given = self._finish_given or finish
+            self._lag.claimed(len(pcm))
         self.busy = True
+        self._claimed_at = time.monotonic()
         if self._idle.is_set():
             self._idle = anyio.Event()
         return Work(self._rec, pcm, finish)
@@ -123,10 +144,18 @@ class ThreadedStream:
         """The round is over: its results."""
         self.busy = False
         self.more = work.more
-        if any(isinstance(e, EngineFinal | EngineFailed) for e in work.events):
+        lag = self._settled_lag = self._lag.settled(work.more, time.monotonic())
+        self._rounds.note_lag(lag)
+        events = work.events
+        for i, event in enumerate(events):
+            if isinstance(event, EngineFailed) or event.lag is not None:
+                continue
+            # What the session sends on. (A new event: dataclasses.replace costs twice as much.)
+            events[i] = type(event)(text=event.text, words=event.words, lag=lag)
+        if any(isinstance(e, EngineFinal | EngineFailed) for e in events):
             self.ended = True
             self.more = False
-        self._outbox.extend(work.events)
+        self._outbox.extend(events)
         self._idle.set()
         if work.events or self._closed:
             listener = self._listener
@@ -166,6 +195,7 @@ class ThreadedStream:
         if work.pcm:
             self._pending.appendleft(work.pcm)
             self._pending_bytes += len(work.pcm)
+            self._lag.claimed(-len(work.pcm))
         if work.finish:
             self._finish_given = False
         self._idle.set()
@@ -180,6 +210,8 @@ class ThreadedStream:
         self._listener = listener
 
     async def feed(self, pcm: bytes) -> None:
+        if not (self._closed or self._flush or self.ended):
+            self._lag.received(len(pcm), time.monotonic())  # received now, queued or not
         # A frame always fits into an empty queue (config checks frame <= buffer), so waiting
         # only while something is queued cannot deadlock.
         while self._pending and self._pending_bytes + len(pcm) > self._max and not self._closed:

@@ -15,12 +15,13 @@ import os
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import anyio.lowlevel
 
-from ...metrics import DECODE_ROUND_SECONDS
+from ...metrics import DECODE_ROUND_SECONDS, STREAM_LAG_SECONDS, track_lag
 from ..base import Work
+from .lag import LagGate
 from .loop import Callback, Wake, ignore, later
 from .threads import InFlight, Round, RoundThreads
 
@@ -84,6 +85,10 @@ class Member(Protocol):
         """Its round was given up before its turn: the work goes back to its queue."""
         ...
 
+    def lag(self, now: float) -> float:
+        """Seconds its decoder is behind the audio it received (:mod:`.lag`)."""
+        ...
+
 
 class RoundScheduler:
     """The worker-thread rounds of one model: at most ``parallel`` at a time.
@@ -115,6 +120,52 @@ class RoundScheduler:
         self.abandoned = 0  # rounds given up at the deadline, for tests
         self.label = ""  # the model's slug: the ``model`` label of the round-time histogram
         self.wake_any: Wake = ignore  # schedules on the streams' event loop (fail_all)
+        self._gate = LagGate()  # lagging: new streams refused (max_lag, :mod:`.lag`)
+        self._round_lag = 0.0  # the worst lag the streams of the round ending had
+        self._lag_histogram: tuple[str, Any] | None = None  # (label, its histogram child)
+        track_lag(self)  # the lag gauges of /metrics
+
+    @property
+    def max_lag(self) -> float:
+        """Seconds of lag over which new streams are refused (TALKIES_STREAM_MAX_LAG, or the
+        entry's ``max_lag``; the load pipeline sets it). 0: never."""
+        return self._gate.bound
+
+    @max_lag.setter
+    def max_lag(self, seconds: float) -> None:
+        self._gate.bound = seconds
+
+    def lag(self, now: float | None = None) -> float:
+        """The model's lag: the worst current lag of its open streams (0 with none)."""
+        at = time.monotonic() if now is None else now
+        return max((stream.lag(at) for stream in list(self._open)), default=0.0)
+
+    def lagging(self) -> float | None:
+        """Event loop: the model's lag if it is lagging (new streams are refused), else
+        None. Hysteresis: it stops at half the bound (:class:`~.lag.LagGate`)."""
+        gate = self._gate
+        if gate.bound <= 0:
+            return None
+        lag = self.lag()
+        return lag if gate.check(lag) else None
+
+    def lag_state(self) -> tuple[float, bool]:
+        """(the model's lag now, whether it was lagging when last checked), for the gauges:
+        read from any thread, it decides nothing."""
+        return self.lag(), self._gate.lagging
+
+    def note_lag(self, lag: float) -> None:
+        """A stream's share of a round ended with its decoder ``lag`` seconds behind: the
+        round's worst goes into the histogram when the round ends (once per round, not per
+        stream: an observation costs a lock and a search)."""
+        self._round_lag = max(self._round_lag, lag)
+
+    def _observe_lag(self) -> None:
+        lag, self._round_lag = self._round_lag, 0.0
+        cached = self._lag_histogram
+        if cached is None or cached[0] != self.label:
+            cached = self._lag_histogram = (self.label, STREAM_LAG_SECONDS.labels(self.label))
+        cached[1].observe(lag)
 
     @property
     def timeout(self) -> float:
@@ -311,6 +362,7 @@ class RoundScheduler:
         self._stream_seconds += (seconds / len(batch) - self._stream_seconds) / 4  # recent
         for stream, work in batch:
             stream.settle(work)
+        self._observe_lag()
         self._next(batch)
 
     def _next(self, batch: list[tuple[Member, Work]]) -> None:
@@ -357,4 +409,5 @@ class RoundScheduler:
                 stream.settle(work)
             else:
                 stream.give_back(work)
+        self._observe_lag()
         self._next(round_.batch)

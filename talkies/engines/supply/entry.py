@@ -45,6 +45,9 @@ class ModelEntry:
     # Seconds one decode call may take before its streams fail (None: TALKIES_DECODE_TIMEOUT);
     # a large model on a slow CPU needs more than a small one on the same server.
     decode_timeout: float | None = None
+    # Seconds of lag over which the model refuses new streams (None: TALKIES_STREAM_MAX_LAG;
+    # 0: never; talkies/engines/runtime/lag.py).
+    max_lag: float | None = None
     # Engine knobs that are not part of the common schema (whisper refresh period, ...).
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     description: str = ""
@@ -117,6 +120,10 @@ class ModelEntry:
             type(self.decode_timeout) in (int, float) and 1.0 <= self.decode_timeout <= 3600.0
         ):
             out.append(f"{where}: decode_timeout must be a number of seconds from 1 to 3600")
+        if self.max_lag is not None and not (
+            type(self.max_lag) in (int, float) and 0.0 <= self.max_lag <= 3600.0
+        ):
+            out.append(f"{where}: max_lag must be a number of seconds from 0 to 3600")
         return out
 
 

@@ -70,6 +70,7 @@ _FIELDS = {
     "sherpa_config",
     "max_concurrency",
     "decode_timeout",
+    "max_lag",
     "options",
     "description",
 }
@@ -93,6 +94,7 @@ def entry_from_json(slug: str, raw: Any, base: Path) -> tuple[ModelEntry | None,
         "sherpa_config": dict,
         "max_concurrency": int,
         "decode_timeout": (int, float),
+        "max_lag": (int, float),
         "options": dict,
         "description": str,
     }
@@ -120,6 +122,7 @@ def entry_from_json(slug: str, raw: Any, base: Path) -> tuple[ModelEntry | None,
         sherpa_config=MappingProxyType(dict(raw.get("sherpa_config", {}))),
         max_concurrency=raw.get("max_concurrency"),
         decode_timeout=raw.get("decode_timeout"),
+        max_lag=raw.get("max_lag"),
         options=MappingProxyType(dict(raw.get("options", {}))),
         description=raw.get("description", ""),
     )

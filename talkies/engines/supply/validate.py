@@ -36,6 +36,7 @@ def entry_json(entry: ModelEntry, root: Path) -> dict[str, Any]:
         "sherpa_config": dict(entry.sherpa_config) or None,
         "max_concurrency": entry.max_concurrency,
         "decode_timeout": entry.decode_timeout,
+        "max_lag": entry.max_lag,
         "options": dict(entry.options) or None,
         "description": entry.description,
     }
