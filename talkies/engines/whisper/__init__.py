@@ -1,10 +1,16 @@
-"""``whisper``: live ASR over whisper.cpp (the ``pywhispercpp`` binding): utterances cut by
-voice activity, each rolled, then decoded whole.
+"""``whisper`` and ``whisper_ct2``: live ASR over Whisper, on whisper.cpp (the ``pywhispercpp``
+binding) or CTranslate2 (faster-whisper's engine; the default ``whisper-base-en``): utterances
+cut by voice activity, each rolled, then decoded whole. The two executors differ only below
+the seam of :class:`~.model.BaseWhisperModel` (``decode``, ``_transcribe_window``); what
+each costs is in docs/engines.md ("Whisper backends").
 
 Modules: :mod:`.config` (entry options), :mod:`.ggml` (model files), :mod:`.native` (the
-binding), :mod:`.model` (:class:`WhisperModel`), :mod:`.utterances` (voice activity:
+binding), :mod:`.model` (:class:`BaseWhisperModel`, whisper.cpp's :class:`WhisperModel`),
+:mod:`.ctranslate` (CTranslate2's :class:`Ct2WhisperModel`, with :mod:`.features`, log-mel,
+and :mod:`.tokens`, the vocabulary), :mod:`.utterances` (voice activity:
 utterances and endpoints), :mod:`.rolling` (the rolling policy within an utterance),
-:mod:`.files` (whole files).
+:mod:`.agreement` (LocalAgreement-2, the alternative measured against it), :mod:`.files`
+(whole files, by utterance).
 
 Whisper is not a streaming model: it transcribes a buffer. A stream is cut into utterances by
 the runtime's voice activity detector (:mod:`talkies.engines.runtime.vad`; option ``vad``,
@@ -12,7 +18,8 @@ default on): silence is not decoded, each utterance is decoded whole once at its
 sent as an endpoint (:mod:`.utterances`; docs/engines.md). Within an utterance, and over the
 whole stream with ``vad`` off (no endpoints then: the final covers the whole stream), a bounded
 window of recent PCM is re-decoded (spec: "rolling: Re-decodes a bounded PCM window and emits
-changed partial revisions"):
+changed partial revisions"); LocalAgreement-2 (:mod:`.agreement`) is the measured
+alternative for an utterance:
 
 Rolling policy (per stream)
 ---------------------------
@@ -76,9 +83,10 @@ Word times come from whisper.cpp's token timestamps when ``word_timestamps`` is 
 in seconds from the stream's first sample; they are approximate (off by up to ~0.2 s).
 
 Whole files (POST /v1/audio/transcriptions) do not go through the rolling window:
-:meth:`WhisperModel.transcribe` decodes the file at once with whisper.cpp's own 30 s windows
-and segments (:mod:`.files`), stopped through whisper.cpp's abort callback when the request is
-cancelled. With no language in the request it uses the entry's, as a stream does.
+:meth:`BaseWhisperModel.transcribe` decodes the file's speech in chunks of at most 30 s cut
+in pauses by the voice activity detector, long silences undecoded, with Whisper's own segments
+(:mod:`.files`, :class:`~.files.FileChunks`), stopped through the backend's abort check when
+the request is cancelled. With no language in the request it uses the entry's, as a stream does.
 
 The model file is ``options.model_file``, else ``model.bin``, else the only ``*.bin`` in the
 model folder; it is checked from end to end before whisper.cpp sees it. A faster-whisper
@@ -95,9 +103,11 @@ from ...config import Settings
 from ..catalogue import Executor
 from ..supply.entry import ModelEntry
 from .config import RollingConfig, commit_samples, encoder_positions, resolve_config
+from .ctranslate import Ct2WhisperModel, load_ct2
+from .features import log_mel
 from .files import file_params, file_segments
 from .ggml import GgmlInfo, inspect_ggml
-from .model import WhisperModel, load
+from .model import BaseWhisperModel, WhisperModel, load
 from .rolling import (
     Decoded,
     DecodedWord,
@@ -111,6 +121,8 @@ from .utterances import UtteranceRecognition
 
 __all__ = [
     "EXECUTORS",
+    "BaseWhisperModel",
+    "Ct2WhisperModel",
     "DecodeRequest",
     "Decoded",
     "DecodedWord",
@@ -128,6 +140,8 @@ __all__ = [
     "file_segments",
     "inspect_ggml",
     "load",
+    "load_ct2",
+    "log_mel",
     "resolve_config",
     "with_window",
 ]
@@ -151,6 +165,9 @@ def with_window(entry: ModelEntry, settings: Settings) -> ModelEntry:
     return replace(entry, options=MappingProxyType({**entry.options, **missing}))
 
 
+# Two executors, one per backend, rather than a backend option on one: each names the runtime
+# it needs (``requires``: what a listing reports missing), and a registry entry says by its
+# executor alone which runtime serves it. Everything above the decoder is shared.
 EXECUTORS = (
     Executor(
         name="whisper",
@@ -161,5 +178,15 @@ EXECUTORS = (
         load_recognition=load,
         prepare=with_window,
         requires=("pywhispercpp",),
+    ),
+    Executor(
+        name="whisper_ct2",
+        kind="asr",
+        streams=True,
+        transcribes_files=True,
+        isolated=True,
+        load_recognition=load_ct2,
+        prepare=with_window,
+        requires=("ctranslate2",),
     ),
 )

@@ -14,6 +14,7 @@ from ..options import int_option, number_option
 from ..runtime.vad import VadConfig
 
 __all__ = [
+    "COMPUTE_TYPES",
     "MIN_DECODE_SAMPLES",
     "RollingConfig",
     "commit_samples",
@@ -24,6 +25,22 @@ __all__ = [
 log = logging.getLogger("talkies.engines")
 
 MIN_DECODE_SAMPLES = SAMPLE_RATE // 10  # whisper.cpp refuses input shorter than 100 ms
+# What CTranslate2 4.x takes as compute_type ("default": as the weights are stored; "auto":
+# the fastest the device supports).
+COMPUTE_TYPES = frozenset(
+    {
+        "default",
+        "auto",
+        "int8",
+        "int8_float32",
+        "int8_float16",
+        "int8_bfloat16",
+        "int16",
+        "float16",
+        "bfloat16",
+        "float32",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +60,9 @@ class RollingConfig:
     final_audio_ctx: int = 768
     language: str = "en"  # when the client gives none
     model_file: str | None = None
+    # CTranslate2's computation type (the whisper_ct2 executor; whisper.cpp ignores it):
+    # int8 weights and matrix products on CPU by default (:mod:`.ctranslate`).
+    compute_type: str = "int8"
     # Voice activity detection (:mod:`talkies.engines.runtime.vad`): utterances cut at pauses,
     # each decoded whole once and sent as an endpoint; silence is not decoded. Off: the
     # rolling window alone, over the whole stream, with no endpoints.
@@ -95,6 +115,12 @@ def resolve_config(options: Mapping[str, Any]) -> RollingConfig:
     model_file = options.get("model_file")
     if model_file is not None and (not isinstance(model_file, str) or not model_file):
         raise ValueError(f"option 'model_file' must be a file name, got {model_file!r}")
+    compute_type = options.get("compute_type", "int8")
+    if compute_type not in COMPUTE_TYPES:
+        raise ValueError(
+            f"option 'compute_type' must be one of {', '.join(sorted(COMPUTE_TYPES))}, "
+            f"got {compute_type!r}"
+        )
     vad = options.get("vad", True)
     if not isinstance(vad, bool):
         raise ValueError(f"option 'vad' must be true or false, got {vad!r}")
@@ -113,6 +139,7 @@ def resolve_config(options: Mapping[str, Any]) -> RollingConfig:
         final_audio_ctx=int_option(options, "final_audio_ctx", 768, 64, 1500),
         language=language,
         model_file=model_file,
+        compute_type=compute_type,
     )
 
 

@@ -31,7 +31,7 @@ import logging
 import re
 import struct
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -43,13 +43,17 @@ from .ct2 import Ct2Checkpoint, Ct2FormatError, read_vocabulary
 
 __all__ = [
     "GGML_MAGIC",
+    "QUANTIZATIONS",
     "Ct2Checkpoint",
     "Ct2FormatError",
     "Hparams",
+    "byte_decoder",
     "convert",
     "ggml_tensor_shapes",
     "is_f32_tensor",
     "mel_filters",
+    "quantize_q5_1",
+    "quantize_q8_0",
     "read_vocabulary",
 ]
 
@@ -77,7 +81,7 @@ class Hparams:
     n_text_head: int
     n_text_layer: int
     n_mels: int
-    ftype: int  # 0: f32 matrices, 1: f16 matrices
+    ftype: int  # 0: f32 matrices, 1: f16 matrices, QUANTIZATIONS' for quantized ones
 
     def pack(self) -> bytes:
         return struct.pack(
@@ -179,7 +183,7 @@ def mel_filters(n_mels: int, *, sample_rate: int = SAMPLE_RATE, n_fft: int = N_F
 # -- vocabulary -------------------------------------------------------------------------------
 
 
-def _byte_decoder() -> dict[str, int]:
+def byte_decoder() -> dict[str, int]:
     """GPT-2's printable stand-ins for raw bytes, inverted: stand-in character -> byte."""
     printable = [
         *range(ord("!"), ord("~") + 1),
@@ -208,7 +212,7 @@ def _vocabulary_bytes(tokens: Sequence[str], n_vocab: int) -> list[bytes]:
             f"{_EOT} has id {eot}, but whisper.cpp hard-codes {expected} for a "
             f"{'multilingual' if multilingual else 'English-only'} model (n_vocab {n_vocab})"
         )
-    decoder = _byte_decoder()
+    decoder = byte_decoder()
     out: list[bytes] = []
     for token in tokens[:eot]:
         try:
@@ -334,26 +338,87 @@ def is_f32_tensor(name: str, ndim: int) -> bool:
     return ndim < 2 or name.endswith(("conv1.bias", "conv2.bias", "positional_embedding"))
 
 
-def _write_tensor(out: BinaryIO, name: str, array: Array, *, f16: bool) -> None:
-    half = f16 and not is_f32_tensor(name, array.ndim)
-    data = np.ascontiguousarray(array, dtype="<f2" if half else "<f4")
+# Quantized matrices, as whisper.cpp's own ``quantize`` tool writes them: name -> (ggml type
+# id, the file's ftype: ggml's "mostly" ftype + 1000 x its quantization version 2).
+QUANTIZATIONS: dict[str, tuple[int, int]] = {"q8_0": (8, 2007), "q5_1": (7, 2009)}
+_QK = 32  # values per block of both types
+
+
+def quantize_q8_0(rows: Array) -> bytes:
+    """ggml's ``quantize_row_q8_0_ref``: per 32 values an f16 scale (max |x| / 127) and 32
+    int8 values."""
+    blocks = rows.astype(np.float32).reshape(-1, _QK)
+    scale = np.abs(blocks).max(axis=1) / 127.0
+    inverse = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale != 0)
+    scaled = blocks * inverse[:, None]
+    quants = np.trunc(scaled + np.copysign(0.5, scaled)).astype(np.int8)  # C's roundf
+    out = np.zeros(blocks.shape[0], dtype=[("d", "<f2"), ("qs", "i1", _QK)])
+    out["d"] = scale
+    out["qs"] = quants
+    return out.tobytes()
+
+
+def quantize_q5_1(rows: Array) -> bytes:
+    """ggml's ``quantize_row_q5_1_ref``: per 32 values an f16 step and minimum, then 5-bit
+    steps: the high bits in a uint32, the low nibbles two to a byte (value j with j + 16)."""
+    blocks = rows.astype(np.float32).reshape(-1, _QK)
+    low, high = blocks.min(axis=1), blocks.max(axis=1)
+    step = (high - low) / 31.0
+    inverse = np.divide(1.0, step, out=np.zeros_like(step), where=step != 0)
+    levels = ((blocks - low[:, None]) * inverse[:, None] + 0.5).astype(np.uint8)
+    first, second = levels[:, :16], levels[:, 16:]
+    nibbles = (first & 0x0F) | ((second & 0x0F) << 4)
+    bits = np.arange(16, dtype=np.uint32)
+    qh = (((first >> 4) & 1).astype(np.uint32) << bits).sum(axis=1, dtype=np.uint32)
+    qh |= (((second >> 4) & 1).astype(np.uint32) << (bits + 16)).sum(axis=1, dtype=np.uint32)
+    out = np.zeros(
+        blocks.shape[0], dtype=[("d", "<f2"), ("m", "<f2"), ("qh", "<u4"), ("qs", "u1", 16)]
+    )
+    out["d"], out["m"], out["qh"], out["qs"] = step, low, qh, nibbles
+    return out.tobytes()
+
+
+_QUANTIZERS = {"q8_0": quantize_q8_0, "q5_1": quantize_q5_1}
+
+
+def _write_tensor(
+    out: BinaryIO, name: str, array: Array, *, f16: bool, quant: str | None = None
+) -> None:
+    keep_f32 = is_f32_tensor(name, array.ndim)
     encoded = name.encode("utf-8")
+    if quant is not None and not keep_f32 and array.ndim == 2 and array.shape[-1] % _QK == 0:
+        # Matrices only, as whisper.cpp's quantize does (the 3-D conv kernels stay f16).
+        ttype, _ = QUANTIZATIONS[quant]
+        out.write(struct.pack("<3i", array.ndim, len(encoded), ttype))
+        out.write(struct.pack(f"<{array.ndim}i", *reversed(array.shape)))
+        out.write(encoded)
+        out.write(_QUANTIZERS[quant](np.ascontiguousarray(array, dtype=np.float32)))
+        return
+    half = (f16 or quant is not None) and not keep_f32
+    data = np.ascontiguousarray(array, dtype="<f2" if half else "<f4")
     out.write(struct.pack("<3i", data.ndim, len(encoded), 1 if half else 0))
     out.write(struct.pack(f"<{data.ndim}i", *reversed(data.shape)))
     out.write(encoded)
     out.write(data.tobytes())
 
 
-def convert(ct2_dir: Path, out_file: Path, *, f16: bool = True) -> Hparams:
+def convert(
+    ct2_dir: Path, out_file: Path, *, f16: bool = True, quant: str | None = None
+) -> Hparams:
     """Write ``out_file`` (whisper.cpp ggml) from the CTranslate2 Whisper folder ``ct2_dir``.
 
     The file is written beside its destination and renamed into place, so a reader never
-    sees half a model. Returns the header written.
+    sees half a model. Returns the header written. ``quant`` (a key of
+    :data:`QUANTIZATIONS`) stores the matrices quantized, the rest as an f16 file would.
     """
     ct2_dir, out_file = Path(ct2_dir), Path(out_file)
+    if quant is not None and quant not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}")
     tokens = read_vocabulary(ct2_dir)
     with Ct2Checkpoint(ct2_dir / "model.bin") as ckpt:
         hp = _hparams(ckpt, f16=f16)
+        if quant is not None:
+            hp = replace(hp, ftype=QUANTIZATIONS[quant][1])
         if len(tokens) != hp.n_vocab:
             raise Ct2FormatError(
                 f"the vocabulary has {len(tokens)} tokens but the embedding {hp.n_vocab} rows"
@@ -379,7 +444,7 @@ def convert(ct2_dir: Path, out_file: Path, *, f16: bool = True) -> Hparams:
                             f"tensor {name!r} has shape {array.shape}, whisper.cpp expects "
                             f"{ggml_tensor_shapes(hp).get(name)}"
                         )
-                    _write_tensor(out, name, array, f16=f16)
+                    _write_tensor(out, name, array, f16=f16, quant=quant)
                     count += 1
                 if expected:
                     raise Ct2FormatError(f"tensors not produced: {sorted(expected)[:5]}")
@@ -399,10 +464,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("ct2_dir", type=Path, help="faster-whisper / CTranslate2 model folder")
     parser.add_argument("out_file", type=Path, help="whisper.cpp ggml file to write")
     parser.add_argument("--f32", action="store_true", help="keep every tensor in float32")
+    parser.add_argument("--quant", choices=sorted(QUANTIZATIONS), help="quantize the matrices")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        convert(args.ct2_dir, args.out_file, f16=not args.f32)
+        convert(args.ct2_dir, args.out_file, f16=not args.f32, quant=args.quant)
     except (Ct2FormatError, OSError) as exc:
         log.error("%s", exc)
         return 1

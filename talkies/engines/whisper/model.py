@@ -1,5 +1,13 @@
-"""A loaded whisper.cpp model: a small pool of contexts, decodes for rolling streams, and
-whole-file transcription."""
+"""A loaded Whisper model: what every backend shares (:class:`BaseWhisperModel`: languages,
+live streams, a file's windows) and the whisper.cpp backend (:class:`WhisperModel`: a small
+pool of contexts). The CTranslate2 backend is :mod:`.ctranslate`.
+
+The seam between the two is :meth:`BaseWhisperModel.decode` (a buffer of audio to words, for
+the live paths, :mod:`.rolling` and :mod:`.utterances`) and
+:meth:`BaseWhisperModel._transcribe_window` (one window of a file to segments, for
+:meth:`~BaseWhisperModel.transcribe`); a backend implements those two, its language table and
+``close``; the streams and the file route above them are the same code on either.
+"""
 
 from __future__ import annotations
 
@@ -36,9 +44,9 @@ from .config import MIN_DECODE_SAMPLES, RollingConfig, encoder_positions, resolv
 from .files import (
     CUT_SEARCH_SECONDS,
     FILE_WINDOW_SECONDS,
+    FileChunks,
     file_params,
     file_segments,
-    file_windows,
     shift_segment,
 )
 from .ggml import ggml_for, inspect_ggml, model_path
@@ -47,13 +55,160 @@ from .native import Native
 from .rolling import Decoded, DecodedWord, DecodeRequest, WhisperRecognition
 from .utterances import UtteranceRecognition
 
-__all__ = ["WhisperModel", "load"]
+__all__ = ["BaseWhisperModel", "WhisperModel", "load"]
 
 log = logging.getLogger("talkies.engines")
 
 
-class WhisperModel(RecognitionModel):
-    """A whisper.cpp model with a small pool of contexts; opens rolling streams."""
+class BaseWhisperModel(RecognitionModel):
+    """What every Whisper backend shares: the language policy, live streams (VAD-cut
+    utterances or the rolling window, both over :meth:`decode`) and a file's windows (over
+    :meth:`_transcribe_window`)."""
+
+    slug: str
+    config: RollingConfig
+    multilingual: bool
+    n_audio_ctx: int  # the encoder's positions (1500: 30 s); bounds a commit's span
+
+    def __init__(self, config: RollingConfig, *, slug: str) -> None:
+        self.config = config
+        self.slug = slug
+        self._closed = False
+        self.decodes = 0  # decodes run, for tests and benchmarks
+        # Seconds of a file per decode, and of its end searched for a pause (tests shorten them).
+        self.file_window = FILE_WINDOW_SECONDS
+        self.file_cut_search = CUT_SEARCH_SECONDS
+
+    def _ready(self) -> None:
+        """The checks every backend makes once its weights are loaded (closing on failure)."""
+        try:
+            if self.config.vad:
+                SileroVad.shared()  # load the detector with the model, not with a stream
+        except (RuntimeError, ImportError, OSError) as exc:
+            self.close()
+            raise EngineUnavailable(
+                f"model {self.slug!r}: voice activity detection: {exc}"
+            ) from None
+        try:
+            self.language_for(None)  # the entry's default language must be one Whisper knows
+        except Refusal as exc:
+            self.close()
+            raise EngineUnavailable(
+                f"model {self.slug!r}: option 'language': {exc.detail}"
+            ) from None
+
+    # -- language --------------------------------------------------------------------------
+
+    def _language_code(self, code: str) -> str | None:
+        """The backend's code for a primary language subtag, None when it has no such one."""
+        raise NotImplementedError
+
+    def language_for(self, requested: str | None) -> str:
+        """A whisper language code or "auto" for a start message's ``language``."""
+        if requested is None:
+            requested = self.config.language
+        if requested == "auto":
+            return "auto" if self.multilingual else "en"
+        code = requested.split("-")[0].lower()
+        known = self._language_code(code) if code.isalpha() else None
+        if known is None:
+            raise Refusal(ErrorCode.INVALID_LANGUAGE, f"whisper has no language {requested!r}")
+        if not self.multilingual and known != "en":
+            raise Refusal(
+                ErrorCode.INVALID_LANGUAGE,
+                f"model {self.slug!r} is English-only; it cannot transcribe {requested!r}",
+            )
+        return known
+
+    # -- streams ---------------------------------------------------------------------------
+
+    def recognition(self, options: StartOptions) -> WhisperRecognition | UtteranceRecognition:
+        """A stream: VAD-cut utterances (:mod:`.utterances`), or with ``vad`` off the rolling
+        window over the whole stream (:mod:`.rolling`)."""
+        if self._closed:
+            raise EngineUnavailable(f"model {self.slug!r} was unloaded")
+        vad = self.config.vad_config
+        if vad is not None:
+            return UtteranceRecognition(
+                self,
+                self.config,
+                SileroVad.shared().stream(vad),
+                language=self.language_for(options.language),
+                word_timestamps=options.word_timestamps,
+                interim_results=options.interim_results,
+                n_audio_ctx=self.n_audio_ctx,
+            )
+        return WhisperRecognition(
+            self,
+            self.config,
+            language=self.language_for(options.language),
+            word_timestamps=options.word_timestamps,
+            interim_results=options.interim_results,
+            n_audio_ctx=self.n_audio_ctx,
+        )
+
+    def transcribe(self, audio: PcmSource, request: TranscriptionRequest) -> Transcript:
+        """A whole-file decode (a :class:`~talkies.engines.base.FileTranscriber`; blocking),
+        not the rolling window: see :func:`~.files.file_params` and
+        :func:`~.files.file_segments`. The audio is decoded a window at a time as it arrives
+        (:class:`~.files.FileChunks`: its speech, found by the voice activity detector, in
+        chunks of at most :data:`~.files.FILE_WINDOW_SECONDS` cut in pauses; long silences
+        are not decoded); a short recording is one decode, as a whole file.
+
+        No language in the request means the entry's (``options.language``), as for a
+        stream; "auto" detects on a multilingual model, from the first window, and the
+        later windows keep that language. The prompt conditions the first window. Raises
+        :class:`Refusal` (``invalid_language``) for a language Whisper or this model does not
+        know, and :class:`TranscriptionCancelled` once ``request.cancel`` is set (the backend
+        stops at its next check: whisper.cpp within one encoder or decoder pass, CTranslate2
+        between the calls of a 30 s window).
+        """
+        language = self.language_for(request.language or None)
+        cancel = request.cancel
+        segments: list[TranscriptSegment] = []
+        vad = self.config.vad_config
+        windows = FileChunks(
+            pcm_chunks(audio, 1 << 20),
+            SileroVad.shared().stream(vad) if vad is not None else None,
+            window_seconds=self.file_window,
+            search_seconds=self.file_cut_search,
+            cancel=cancel,
+        )
+        for index, (first, samples) in enumerate(windows):
+            offset = first / SAMPLE_RATE
+            window = replace(request, prompt=request.prompt if index == 0 else None)
+            language, found = self._transcribe_window(samples, window, language, cancel)
+            first_id = len(segments)
+            segments += [
+                shift_segment(s, seconds=offset, id=first_id + i) for i, s in enumerate(found)
+            ]
+        return Transcript(
+            text=" ".join(s.text for s in segments),
+            language=language,
+            duration=windows.samples / SAMPLE_RATE,
+            segments=tuple(segments),
+        )
+
+    # -- the seam ----------------------------------------------------------------------------
+
+    def decode(self, audio: npt.NDArray[np.float32], request: DecodeRequest) -> Decoded:
+        """Transcribe ``audio`` (float32 mono 16 kHz): the live paths' one call."""
+        raise NotImplementedError
+
+    def _transcribe_window(
+        self,
+        samples: npt.NDArray[np.int16],
+        request: TranscriptionRequest,
+        language: str,
+        cancel: threading.Event | None,
+    ) -> tuple[str, tuple[TranscriptSegment, ...]]:
+        """One window of a file: its segments (times from the window's start), and the
+        language (the detected one, when asked to detect)."""
+        raise NotImplementedError
+
+
+class WhisperModel(BaseWhisperModel):
+    """A whisper.cpp model with a small pool of contexts."""
 
     def __init__(
         self,
@@ -63,10 +218,10 @@ class WhisperModel(RecognitionModel):
         device: str = "cpu",
         slug: str = "whisper",
     ) -> None:
+        super().__init__(config, slug=slug)
         self.path = path
-        self.config = config
-        self.slug = slug
         self.info = inspect_ggml(path)
+        self.n_audio_ctx = self.info.hparams.n_audio_ctx
         self._native = Native()
         pw = self._native.pw
         use_gpu = device != "cpu"
@@ -84,42 +239,12 @@ class WhisperModel(RecognitionModel):
             raise
         self.multilingual = bool(pw.whisper_is_multilingual(self._contexts[0]))
         self._eot = int(pw.whisper_token_eot(self._contexts[0]))
-        self._closed = False
-        self.decodes = 0  # decodes run, for tests and benchmarks
-        # Seconds of a file per decode, and of its end searched for a pause (tests shorten them).
-        self.file_window = FILE_WINDOW_SECONDS
-        self.file_cut_search = CUT_SEARCH_SECONDS
-        try:
-            if config.vad:
-                SileroVad.shared()  # load the detector with the model, not with a stream
-        except (RuntimeError, ImportError, OSError) as exc:
-            self.close()
-            raise EngineUnavailable(f"model {slug!r}: voice activity detection: {exc}") from None
-        try:
-            self.language_for(None)  # the entry's default language must be one Whisper knows
-        except Refusal as exc:
-            self.close()
-            raise EngineUnavailable(f"model {slug!r}: option 'language': {exc.detail}") from None
+        self._ready()
 
-    # -- language --------------------------------------------------------------------------
-
-    def language_for(self, requested: str | None) -> str:
-        """A whisper language code or "auto" for a start message's ``language``."""
-        if requested is None:
-            requested = self.config.language
-        if requested == "auto":
-            return "auto" if self.multilingual else "en"
-        code = requested.split("-")[0].lower()
+    def _language_code(self, code: str) -> str | None:
         pw = self._native.pw
-        lang_id = int(pw.whisper_lang_id(code)) if code.isalpha() else -1
-        if lang_id < 0:
-            raise Refusal(ErrorCode.INVALID_LANGUAGE, f"whisper has no language {requested!r}")
-        if not self.multilingual and code != "en":
-            raise Refusal(
-                ErrorCode.INVALID_LANGUAGE,
-                f"model {self.slug!r} is English-only; it cannot transcribe {requested!r}",
-            )
-        return str(pw.whisper_lang_str(lang_id))
+        lang_id = int(pw.whisper_lang_id(code))
+        return str(pw.whisper_lang_str(lang_id)) if lang_id >= 0 else None
 
     # -- decoding --------------------------------------------------------------------------
 
@@ -156,7 +281,7 @@ class WhisperModel(RecognitionModel):
         params.audio_ctx = encoder_positions(
             self.config,
             final=request.final,
-            n_audio_ctx=self.info.hparams.n_audio_ctx,
+            n_audio_ctx=self.n_audio_ctx,
             samples=samples,
         )
         # A bound on runaway repetition: ~12 tokens a second of audio is far above speech.
@@ -165,6 +290,8 @@ class WhisperModel(RecognitionModel):
         # language 'auto'" error on every call.
         params.language = "" if request.language == "auto" else request.language
         params.detect_language = False
+        if request.prompt:  # committed text before the audio (whisper/agreement.py)
+            params.initial_prompt = request.prompt
         return params
 
     def decode(self, audio: npt.NDArray[np.float32], request: DecodeRequest) -> Decoded:
@@ -219,72 +346,6 @@ class WhisperModel(RecognitionModel):
             close_word()
         keep = speech_mask([word.text for word in words])
         return [word for word, speech in zip(words, keep, strict=True) if speech]
-
-    # -- streams ---------------------------------------------------------------------------
-
-    def recognition(self, options: StartOptions) -> WhisperRecognition | UtteranceRecognition:
-        """A stream: VAD-cut utterances (:mod:`.utterances`), or with ``vad`` off the rolling
-        window over the whole stream (:mod:`.rolling`)."""
-        if self._closed:
-            raise EngineUnavailable(f"model {self.slug!r} was unloaded")
-        vad = self.config.vad_config
-        if vad is not None:
-            return UtteranceRecognition(
-                self,
-                self.config,
-                SileroVad.shared().stream(vad),
-                language=self.language_for(options.language),
-                word_timestamps=options.word_timestamps,
-                interim_results=options.interim_results,
-                n_audio_ctx=self.info.hparams.n_audio_ctx,
-            )
-        return WhisperRecognition(
-            self,
-            self.config,
-            language=self.language_for(options.language),
-            word_timestamps=options.word_timestamps,
-            interim_results=options.interim_results,
-            n_audio_ctx=self.info.hparams.n_audio_ctx,
-        )
-
-    def transcribe(self, audio: PcmSource, request: TranscriptionRequest) -> Transcript:
-        """A whole-file decode (a :class:`~talkies.engines.base.FileTranscriber`; blocking),
-        not the rolling window: see :func:`~.files.file_params` and
-        :func:`~.files.file_segments`. The audio is decoded a window at a time as it arrives
-        (:func:`~.files.file_windows`: at most :data:`~.files.FILE_WINDOW_SECONDS` each,
-        cut in a pause); audio shorter than a window is one decode, as a whole file.
-
-        No language in the request means the entry's (``options.language``), as for a
-        stream; "auto" detects on a multilingual model, from the first window, and the
-        later windows keep that language. The prompt conditions the first window. Raises
-        :class:`Refusal` (``invalid_language``) for a language Whisper or this model does not
-        know, and :class:`TranscriptionCancelled` once ``request.cancel`` is set (whisper.cpp
-        stops at its next abort check, within one encoder or decoder pass).
-        """
-        language = self.language_for(request.language or None)
-        cancel = request.cancel
-        segments: list[TranscriptSegment] = []
-        duration = 0.0
-        windows = file_windows(
-            pcm_chunks(audio, 1 << 20),
-            window_seconds=self.file_window,
-            search_seconds=self.file_cut_search,
-        )
-        for first, samples in windows:
-            offset = first / SAMPLE_RATE
-            window = replace(request, prompt=request.prompt if first == 0 else None)
-            language, found = self._transcribe_window(samples, window, language, cancel)
-            first_id = len(segments)
-            segments += [
-                shift_segment(s, seconds=offset, id=first_id + i) for i, s in enumerate(found)
-            ]
-            duration = offset + samples.size / SAMPLE_RATE
-        return Transcript(
-            text=" ".join(s.text for s in segments),
-            language=language,
-            duration=duration,
-            segments=tuple(segments),
-        )
 
     def _transcribe_window(
         self,
