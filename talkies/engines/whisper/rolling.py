@@ -56,6 +56,7 @@ class DecodeRequest:
     language: str  # a whisper language code, or "auto"
     timestamps: bool  # token-level timestamps (word times)
     final: bool  # words that will be committed or final: one decode, the longer encoder
+    prompt: str = ""  # text before the audio, as Whisper's prompt ("": none)
 
 
 class Decoder(Protocol):

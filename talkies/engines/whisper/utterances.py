@@ -5,9 +5,12 @@ The stream's audio goes through :class:`~talkies.engines.runtime.vad.VoiceActivi
 - **Silence is not decoded.** Outside speech only the last ``vad_speech_pad_seconds`` are
   kept (the lead-in of the next utterance); nothing is given to Whisper.
 - **An utterance** starts where speech starts, padded; its audio goes to a
-  :class:`~.rolling.WhisperRecognition` of its own, whose partials (its committed words and
-  the rolling hypothesis of the rest) are the stream's partials, word times shifted to stream
-  time.
+  :class:`~.rolling.WhisperRecognition` of its own (the timestamp cut: speech longer than one
+  decode holds is committed at the window's overflow), whose partials (its committed words
+  and the rolling hypothesis of the rest) are the stream's partials, word times shifted to
+  stream time. ``policy="agreement"`` gives it LocalAgreement-2 instead
+  (:class:`~.agreement.AgreementRecognition`, with the committed text as prompt), which
+  measured worse on long speech (docs/engines.md, "Long speech"); benchmarks select it.
 - **At a pause** (``vad_min_silence_seconds`` under the threshold) the utterance is decoded
   whole once, with the longer encoder (the recognition's ``finish``), and sent as an
   ``endpoint`` event: the protocol's utterance boundary, as Vosk and Sherpa send theirs.
@@ -34,10 +37,13 @@ from ...protocol import EngineEndpoint, EngineFinal, EnginePartial, Word
 from ...protocol.events import SAMPLE_RATE
 from ..base import EngineUpdate
 from ..runtime.vad import SpeechEnd, SpeechStart, VoiceActivity
+from .agreement import AgreementRecognition
 from .config import RollingConfig, commit_samples
 from .rolling import Decoder, WhisperRecognition
 
-__all__ = ["UtteranceRecognition"]
+__all__ = ["POLICIES", "UtteranceRecognition"]
+
+POLICIES = ("agreement", "timestamp")  # how an open utterance commits (module docstring)
 
 
 def _shifted(words: Sequence[Word], seconds: float) -> tuple[Word, ...]:
@@ -57,7 +63,13 @@ class UtteranceRecognition:
         word_timestamps: bool = False,
         interim_results: bool = True,
         n_audio_ctx: int = 1500,
+        policy: str = "timestamp",
+        prompt: bool = True,
     ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown commit policy {policy!r}")
+        self.policy = policy
+        self.prompt = prompt
         self.decoder = decoder
         self.config = config
         self.activity = activity
@@ -69,13 +81,13 @@ class UtteranceRecognition:
         self._heard = 0  # samples accepted
         self._recent = np.zeros(0, np.float32)  # the last samples heard, for the lead-in
         self._keep = activity.config.pad_samples + 2 * 1024
-        self._open: WhisperRecognition | None = None
+        self._open: AgreementRecognition | WhisperRecognition | None = None
         self._open_start = 0  # first sample of the open utterance
         self._fed = 0  # samples given to the open utterance (up to this stream position)
         self._language_found: str | None = None  # an "auto" stream's language, once known
-        # An utterance is held whole up to what the longer encoder takes (about 15 s), so
-        # that its endpoint is one decode of all of it; only longer speech is committed at
-        # the rolling window's overflow, in pieces of that size.
+        # An utterance is decoded whole up to what the longer encoder takes (about 15 s), so
+        # that its endpoint is one decode of all of it; longer speech is trimmed at committed
+        # words (agreement) or committed at the window's overflow (timestamp).
         span = commit_samples(config, n_audio_ctx=n_audio_ctx) / SAMPLE_RATE
         self._utterance_config = replace(config, window_seconds=max(config.window_seconds, span))
         self.utterances = 0  # decoded and ended, for tests and benchmarks
@@ -142,14 +154,25 @@ class UtteranceRecognition:
         language = self.language
         if language == "auto" and self._language_found:
             language = self._language_found
-        self._open = WhisperRecognition(
-            self.decoder,
-            self._utterance_config,
-            language=language,
-            word_timestamps=self.word_timestamps,
-            interim_results=self.interim_results,
-            n_audio_ctx=self.n_audio_ctx,
-        )
+        if self.policy == "agreement":
+            self._open = AgreementRecognition(
+                self.decoder,
+                self._utterance_config,
+                language=language,
+                word_timestamps=self.word_timestamps,
+                interim_results=self.interim_results,
+                n_audio_ctx=self.n_audio_ctx,
+                prompt=self.prompt,
+            )
+        else:
+            self._open = WhisperRecognition(
+                self.decoder,
+                self._utterance_config,
+                language=language,
+                word_timestamps=self.word_timestamps,
+                interim_results=self.interim_results,
+                n_audio_ctx=self.n_audio_ctx,
+            )
         self._open_start = start
         self._fed = start
 
