@@ -7,7 +7,7 @@
 #   FUZZ_RUNS=0 bash fuzz/run.sh 3600     # no target: each harness fuzzes for the whole hour
 #
 # Environment: PYTHON (default .venv/bin/python), FUZZ_ARGS (extra libFuzzer flags),
-# FUZZ_HARNESSES (default "control session wire http"), FUZZ_JOBS (default nproc), FUZZ_RUNS
+# FUZZ_HARNESSES (default "control session wire http listen realtime"), FUZZ_JOBS (default nproc), FUZZ_RUNS
 # (default 100000; a harness that reaches SECONDS first has fallen short).
 # Work dirs: fuzz/work/<harness>/ (grown corpus, log.N); crashes: fuzz/crashes/<harness>-*.
 # Exits non-zero if any harness crashed, timed out, ran out of memory, could not start, or
@@ -25,7 +25,7 @@ cd "$ROOT"
 PYTHON="${PYTHON:-.venv/bin/python}"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 read -r -a EXTRA_ARGS <<< "${FUZZ_ARGS:-}"
-read -r -a HARNESSES <<< "${FUZZ_HARNESSES:-control session wire http}"
+read -r -a HARNESSES <<< "${FUZZ_HARNESSES:-control session wire http listen realtime}"
 JOBS="${FUZZ_JOBS:-$(nproc 2>/dev/null || echo 1)}"
 RUNS="${FUZZ_RUNS:-100000}"
 if ! [[ "$JOBS" =~ ^[1-9][0-9]*$ && "$RUNS" =~ ^[0-9]+$ ]]; then

@@ -1,8 +1,15 @@
 """The application layer: every route written once (the WebSocket route included), hosted by
 the standalone server (h11) and by any ASGI server (:mod:`talkies.transport.asgi`)."""
 
-from .app import TalkiesApp
+from .app import WEBSOCKET_PATHS, TalkiesApp
 from .http import bearer_ok
 from .websocket import STREAM_PATH, SUBPROTOCOL, websocket_admission
 
-__all__ = ["STREAM_PATH", "SUBPROTOCOL", "TalkiesApp", "bearer_ok", "websocket_admission"]
+__all__ = [
+    "STREAM_PATH",
+    "SUBPROTOCOL",
+    "WEBSOCKET_PATHS",
+    "TalkiesApp",
+    "bearer_ok",
+    "websocket_admission",
+]

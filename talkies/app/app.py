@@ -17,7 +17,7 @@ translate its handshake and frames. A plain HTTP request to it gets 426 here.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +27,15 @@ import anyio.to_thread
 
 from .. import metrics
 from ..config import Settings
+from ..dialects import LISTEN_PATH
+from ..dialects.realtime import CLIENT_SECRETS_PATH, REALTIME_PATH
 from ..engines.base import StreamProvider
 from ..engines.pool import ModelConflict, ModelPool
+from ..engines.runtime import RecognitionModel
+from ..engines.runtime.lag import lag_detail
 from ..engines.runtime.slots import Slots
 from . import leftovers
+from .dialects import ListenDialect
 from .files import FileStore
 from .http import (
     HttpError,
@@ -43,12 +48,17 @@ from .http import (
 )
 from .mcp import MCP_PATH, McpEndpoint, request_limit
 from .models import model_rows
+from .realtime import ClientSecrets, RealtimeDialect, client_secrets_route
 from .refusals import http_error
 from .speech import speech_route, voices_route
 from .transcribe import transcription_route
-from .websocket import STREAM_PATH, StreamRoute
+from .websocket import STREAM_PATH, Accept, StreamRoute
 
-__all__ = ["TalkiesApp"]
+__all__ = ["WEBSOCKET_PATHS", "TalkiesApp"]
+
+# The WebSocket routes the hosts upgrade: the native stream, Deepgram's /v1/listen and
+# OpenAI's Realtime transcription.
+WEBSOCKET_PATHS = frozenset({STREAM_PATH, LISTEN_PATH, REALTIME_PATH})
 
 _PAGE = Path(__file__).parent / "static" / "index.html"
 
@@ -79,6 +89,8 @@ class TalkiesApp:
         self.stream_slots = Slots(settings.stream_max_connections)
         self.streams = StreamRoute(settings, provider, self.stream_slots)
         self.files = FileStore(settings.data_dir / "files")
+        # Ephemeral secrets for /v1/realtime (POST /v1/realtime/client_secrets).
+        self.client_secrets = ClientSecrets()
         self.tmp_dir = settings.data_dir / "tmp"
         # Turns for file transcriptions' decoding (HTTP and MCP), server-wide: a request past
         # the bound waits for one, so many uploads queue rather than multiply memory.
@@ -102,6 +114,9 @@ class TalkiesApp:
             self._route("/v1/audio/speech", POST=self._speech),
             self._route("/v1/audio/voices", GET=self._voices),
             self._route(STREAM_PATH, GET=self._needs_upgrade),
+            self._route(LISTEN_PATH, GET=self._needs_upgrade),
+            self._route(REALTIME_PATH, GET=self._needs_upgrade),
+            self._route(CLIENT_SECRETS_PATH, POST=self._client_secret),
             self._route("/v1/files", GET=self._files),
             self._route(
                 "/v1/files/(?P<path>.+)",
@@ -213,14 +228,58 @@ class TalkiesApp:
         return Response(status=200, headers=headers, body=page)
 
     async def _ready(self, request: Request) -> Response:
-        """Readiness for a load balancer: 503 while no stream slot is free or no model can
-        be served, so traffic goes to another instance; /healthz stays liveness only."""
+        """Readiness for a load balancer: 503 while no stream slot is free, a model lags
+        behind its streams' audio (it refuses new ones: engines/runtime/lag.py) or no model
+        can be served, so traffic goes to another instance; /healthz stays liveness only."""
         slots = self.stream_slots
         if slots.held >= slots.limit:
             return json_response(503, {"status": "full", "streams": slots.held})
+        lagging = self._lagging()
+        if lagging is not None:
+            slug, lag, bound = lagging
+            body = {"status": "lagging", "model": slug, "lag": round(lag, 3), "max_lag": bound}
+            return json_response(503, {**body, "reason": lag_detail(slug, lag, bound)})
         if self.pool is not None and not self.pool.servable():
             return json_response(503, {"status": "no_models"})
         return json_response(200, {"status": "ready", "streams": slots.held})
+
+    async def serve_websocket(
+        self,
+        path: str,
+        query: bytes,
+        headers: Iterable[tuple[bytes, bytes]],
+        subprotocols: Iterable[str],
+        accept: Accept,
+        *,
+        peer: str | None,
+        close_timeout: float,
+    ) -> None:
+        """One WebSocket handshake on a path of :data:`WEBSOCKET_PATHS`, served until its
+        connection closes: the native stream, or a dialect of it on the same route."""
+        dialect: ListenDialect | RealtimeDialect | None = None
+        if path == LISTEN_PATH:
+            dialect = ListenDialect(self.settings, query)
+        elif path == REALTIME_PATH:
+            dialect = RealtimeDialect(self.settings, query, self.client_secrets)
+        await self.streams.serve(
+            headers,
+            subprotocols,
+            accept,
+            peer=peer,
+            close_timeout=close_timeout,
+            dialect=dialect,
+        )
+
+    def _lagging(self) -> tuple[str, float, float] | None:
+        """A loaded model that is refusing new streams for its lag: (slug, lag, bound)."""
+        pool = self.pool
+        for slug in pool.loaded() if pool is not None else ():
+            model = pool.peek(slug) if pool is not None else None
+            if isinstance(model, RecognitionModel):
+                lag = model.rounds.lagging()
+                if lag is not None:
+                    return slug, lag, model.rounds.max_lag
+        return None
 
     async def _needs_upgrade(self, request: Request) -> Response:
         return error_response(
@@ -229,6 +288,9 @@ class TalkiesApp:
             code="upgrade_required",
             headers=[(b"upgrade", b"websocket")],
         )
+
+    async def _client_secret(self, request: Request) -> Response:
+        return await client_secrets_route(request, self.client_secrets)
 
     def _require_pool(self) -> ModelPool:
         if self.pool is None:

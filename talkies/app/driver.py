@@ -83,6 +83,7 @@ Admit = Callable[[], Awaitable[Slot | Refused]]
 # The session's clock. Sleeps are relative, so it need not be the event loop's own clock, and
 # time.monotonic costs far less per frame than anyio.current_time().
 _clock = time.monotonic
+_EVENT_LATENCY = EVENT_LATENCY_SECONDS.labels(surface="websocket")
 
 log = logging.getLogger("talkies.transport")
 
@@ -252,7 +253,7 @@ class StreamDriver:
                 if self._released:
                     break
                 if isinstance(event, _TIMED_EVENTS) and self._fed_at:
-                    EVENT_LATENCY_SECONDS.observe(_clock() - self._fed_at)
+                    _EVENT_LATENCY.observe(_clock() - self._fed_at)
                 self._engine_busy = True
                 try:
                     await self._handle(event)
@@ -282,7 +283,7 @@ class StreamDriver:
             outbox.popleft()
             now = _clock()
             if self._fed_at:
-                EVENT_LATENCY_SECONDS.observe(now - self._fed_at)
+                _EVENT_LATENCY.observe(now - self._fed_at)
             session.handle(event, now)
             actions = session.pull_actions()
             texts = [a.event.to_json() for a in actions if isinstance(a, Send)]

@@ -26,6 +26,7 @@ import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Protocol
 
 import anyio
 
@@ -41,6 +42,7 @@ __all__ = [
     "STREAM_PATH",
     "SUBPROTOCOL",
     "Accept",
+    "Dialect",
     "StreamRoute",
     "session_limits",
     "websocket_admission",
@@ -59,6 +61,24 @@ _BEARER_PROTOCOL = "talkies.bearer."
 # The host's side of the handshake: complete it, selecting this subprotocol (or none), and
 # return the channel the stream runs over.
 Accept = Callable[[str | None], Awaitable[Channel]]
+
+
+class Dialect(Protocol):
+    """Another client protocol on the stream route (``talkies/app/dialects.py``): its own
+    handshake credentials and limits, a channel that translates its messages to the native
+    session's and back, and a refusal of its request before anything is read."""
+
+    name: str
+
+    def admission(
+        self, headers: Iterable[tuple[bytes, bytes]], subprotocols: Iterable[str], token: str | None
+    ) -> tuple[bool, str | None]: ...
+
+    def limits(self, native: SessionLimits) -> SessionLimits: ...
+
+    def refusal(self) -> Refused | None: ...
+
+    def wrap(self, channel: Channel) -> Channel: ...
 
 
 def websocket_admission(
@@ -115,16 +135,26 @@ class StreamRoute:
         *,
         peer: str | None,
         close_timeout: float,
+        dialect: Dialect | None = None,
     ) -> None:
-        """One WebSocket handshake on the stream route, served until its connection closes."""
+        """One WebSocket handshake on the stream route, served until its connection closes.
+
+        ``dialect``: another client protocol translated over the same session, driver,
+        admission and slots (``talkies/app/dialects.py``); None for the native one."""
         settings = self.settings
-        authorized, subprotocol = websocket_admission(headers, subprotocols, settings.auth_token)
+        admission = websocket_admission if dialect is None else dialect.admission
+        authorized, subprotocol = admission(headers, subprotocols, settings.auth_token)
         channel = await accept(subprotocol)
-        session = StreamSession(self._limits, now=time.monotonic())
+        limits = self._limits if dialect is None else dialect.limits(self._limits)
+        session = StreamSession(limits, now=time.monotonic())
         first: Input | None = None
+        if dialect is not None:
+            channel = dialect.wrap(channel)
         # Spec: a rejected token completes the handshake and closes 4401, no error object.
         if not authorized:
             first = AuthRejected()
+        elif dialect is not None and (problem := dialect.refusal()) is not None:
+            first = problem
         elif self.stopping or self._full():
             first = self._refusal()
         driver = StreamDriver(
@@ -139,7 +169,12 @@ class StreamRoute:
             if not self._drivers and self._none_running is not None:
                 self._none_running.set()
                 self._none_running = None
-            self.closed(session, peer=peer, seconds=time.monotonic() - started)
+            self.closed(
+                session,
+                peer=peer,
+                seconds=time.monotonic() - started,
+                route="native" if dialect is None else dialect.name,
+            )
 
     async def admit(self) -> Slot | Refused:
         """A server-wide slot for a stream whose start was accepted, or its refusal: at once,
@@ -174,7 +209,9 @@ class StreamRoute:
             for driver in list(self._drivers):
                 tg.start_soon(driver.shutdown)
 
-    def closed(self, session: StreamSession, *, peer: str | None, seconds: float) -> None:
+    def closed(
+        self, session: StreamSession, *, peer: str | None, seconds: float, route: str = "native"
+    ) -> None:
         """One JSON log line per stream (never the token: nothing from the request head),
         and the stream's counters."""
         options = session.options
@@ -183,6 +220,7 @@ class StreamRoute:
             "stream closed",
             extra={
                 "peer": peer,
+                "route": route,
                 "model": options.model if options else None,
                 "outcome": session.outcome,
                 "close_code": int(session.close_code) if session.close_code else None,
@@ -192,6 +230,7 @@ class StreamRoute:
                 "duration": round(seconds, 3),
             },
         )
-        metrics.STREAMS.labels(outcome=session.outcome or "", code=code or "").inc()
-        metrics.FRAMES.inc(session.frames)
-        metrics.AUDIO_SECONDS.inc(session.audio_seconds)
+        surface = "websocket"
+        metrics.STREAMS.labels(surface, session.outcome or "", code or "").inc()
+        metrics.FRAMES.labels(surface).inc(session.frames)
+        metrics.AUDIO_SECONDS.labels(surface).inc(session.audio_seconds)

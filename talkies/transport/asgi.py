@@ -27,7 +27,7 @@ import os
 
 import anyio
 
-from ..app import STREAM_PATH, TalkiesApp
+from ..app import WEBSOCKET_PATHS, TalkiesApp
 from ..app.asgi import Message, Receive, Scope, Send, request_from_scope, send_response
 from ..app.driver import ClientMessage
 from ..app.http import ClientGone, error_response
@@ -177,7 +177,7 @@ class TalkiesASGI:
         connect = await receive()
         if connect["type"] != "websocket.connect":
             return
-        if scope["path"] != STREAM_PATH:
+        if scope["path"] not in WEBSOCKET_PATHS:
             await send({"type": "websocket.close", "code": 1008, "reason": "not found"})
             return
 
@@ -189,7 +189,9 @@ class TalkiesASGI:
             return _AsgiChannel(receive, send)
 
         client = scope.get("client")
-        await self.app.streams.serve(
+        await self.app.serve_websocket(
+            scope["path"],
+            scope.get("query_string", b""),
             scope.get("headers", []),
             scope.get("subprotocols", []),
             accept,

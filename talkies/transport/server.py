@@ -23,7 +23,7 @@ import h11
 from anyio.streams.stapled import MultiListener
 from anyio.streams.tls import TLSListener
 
-from ..app import STREAM_PATH, TalkiesApp, bearer_ok
+from ..app import STREAM_PATH, WEBSOCKET_PATHS, TalkiesApp, bearer_ok
 from ..app.http import Request, error_response, reason_phrase
 from ..config import Settings
 from ..engines.base import NoModels, StreamProvider
@@ -385,7 +385,9 @@ class Server:
             )
 
         offered = request.header("sec-websocket-protocol")
-        await self.app.streams.serve(
+        await self.app.serve_websocket(
+            request.path,
+            request.query.encode("latin-1"),  # h11app decoded the target as latin-1
             request.headers,
             offered.split(",") if offered else [],
             accept,
@@ -394,10 +396,13 @@ class Server:
         )
 
 
+_WEBSOCKET_TARGETS = frozenset(path.encode() for path in WEBSOCKET_PATHS)
+
+
 def _is_upgrade(request: h11.Request) -> bool:
-    """A WebSocket handshake on the stream route (anything else there is the app's to answer:
+    """A WebSocket handshake on a stream route (anything else there is the app's to answer:
     426 for a plain GET, 405 for other methods)."""
-    if request.method != b"GET" or request.target.split(b"?", 1)[0] != STREAM_PATH.encode():
+    if request.method != b"GET" or request.target.split(b"?", 1)[0] not in _WEBSOCKET_TARGETS:
         return False
     upgrade = header(request, b"upgrade") or b""
     return b"websocket" in {t.strip().lower() for t in upgrade.split(b",")}

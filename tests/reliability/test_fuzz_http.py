@@ -175,7 +175,9 @@ def test_the_offline_parse_reads_as_the_server_does() -> None:
     assert not _requests(b"GET /a HTTP/1.1\r\nHo")[0].complete  # cut short: no answer due
 
 
-def test_run_sh_runs_the_http_harness_by_default() -> None:
+def test_run_sh_runs_every_harness_by_default() -> None:
     script = (ROOT / "fuzz" / "run.sh").read_text()
-    assert '"${FUZZ_HARNESSES:-control session wire http}"' in script
+    assert '"${FUZZ_HARNESSES:-control session wire http listen realtime}"' in script
+    harnesses = {p.stem.removeprefix("fuzz_") for p in (ROOT / "fuzz").glob("fuzz_*.py")}
+    assert harnesses == {"control", "session", "wire", "http", "listen", "realtime"}
     assert (ROOT / "fuzz" / "dict" / "http.dict").is_file()

@@ -1,0 +1,251 @@
+"""Other clients' protocols on the stream route: the I/O half of ``talkies/dialects``.
+
+A :class:`ListenDialect` is one ``GET /v1/listen`` handshake (Deepgram's live API). It gives
+:meth:`StreamRoute.serve <talkies.app.websocket.StreamRoute.serve>` what differs from the
+native route, and nothing else differs: the same session, driver, server-wide and model slots,
+frame and duration limits, engine runtime, metrics and log line.
+
+- admission: ``Authorization: Token <t>`` or ``Bearer <t>``, or the browsers' subprotocol
+  pair ``token, <t>`` (the server selects ``token``); never the URL;
+- limits: Deepgram's idle timeout (``TALKIES_DEEPGRAM_IDLE_TIMEOUT``, 10 s, as Deepgram's own
+  service) instead of the native one; every other limit is the native route's;
+- refusal: a query it will not serve, answered as an ``Error`` message and the native close
+  code, before any audio is read;
+- the channel (:class:`ListenChannel`): the translator between the host's channel and the
+  driver. Its first message is the native ``start`` the query implies. Deepgram clients send
+  audio at once, without waiting for anything, so nothing more is read from the socket until
+  the session's ``ready`` (or its close): their audio waits in the TCP window while the model
+  opens, as a slow decoder's does, and none is refused for arriving early.
+"""
+
+from __future__ import annotations
+
+import hmac
+import uuid
+from collections.abc import Iterable
+from dataclasses import replace
+from datetime import UTC, datetime
+
+import anyio
+import numpy as np
+import soxr  # type: ignore[import-untyped]
+
+from ..config import Settings
+from ..dialects.deepgram import (
+    END,
+    ListenError,
+    ListenOptions,
+    ListenTranslator,
+    parse_listen_query,
+)
+from ..engines.supply.builtin import DEFAULT_MODEL
+from ..protocol import SAMPLE_RATE, AudioBatch, BinaryReceived, Refused, SessionLimits
+from .driver import Channel, ClientMessage, DirectChannel
+
+__all__ = ["ListenChannel", "ListenDialect", "PcmResampler", "listen_admission"]
+
+_TOKEN_PROTOCOL = "token"
+# model_uuid: stable per model slug, so a client can group results by it as it would by
+# Deepgram's model ids.
+_MODEL_NAMESPACE = uuid.UUID("5b0c3c3e-6d1f-4d8e-9c43-7a1f0f6f2a11")
+
+
+def listen_admission(
+    headers: Iterable[tuple[bytes, bytes]], subprotocols: Iterable[str], token: str | None
+) -> tuple[bool, str | None]:
+    """(authorized, the subprotocol to select) for a ``/v1/listen`` handshake."""
+    offered = [p.strip() for p in subprotocols]
+    selected = _TOKEN_PROTOCOL if _TOKEN_PROTOCOL in offered else None
+    for name, value in headers:
+        if name.lower() == b"authorization":
+            if token is None:
+                return True, selected
+            scheme, _, credentials = bytes(value).partition(b" ")
+            if scheme.lower() not in (b"token", b"bearer"):
+                return False, selected
+            return hmac.compare_digest(credentials.strip(), token.encode("utf-8")), selected
+    if token is None:
+        return True, selected
+    if selected is not None:
+        at = offered.index(_TOKEN_PROTOCOL)
+        if at + 1 < len(offered):
+            candidate = offered[at + 1].encode("utf-8", "surrogateescape")
+            return hmac.compare_digest(candidate, token.encode("utf-8")), selected
+    return False, selected
+
+
+class ListenDialect:
+    """One ``/v1/listen`` handshake (see the module docstring)."""
+
+    name = "deepgram"
+
+    def __init__(self, settings: Settings, query: bytes) -> None:
+        self._settings = settings
+        self._problem: ListenError | None = None
+        try:
+            options = parse_listen_query(query, default_model=DEFAULT_MODEL)
+        except ListenError as exc:
+            self._problem = exc
+            options = ListenOptions(model=DEFAULT_MODEL)  # never opened: refused first
+        self.translator = ListenTranslator(
+            options,
+            request_id=str(uuid.uuid4()),
+            model_uuid=str(uuid.uuid5(_MODEL_NAMESPACE, options.model)),
+            created=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        )
+
+    def admission(
+        self, headers: Iterable[tuple[bytes, bytes]], subprotocols: Iterable[str], token: str | None
+    ) -> tuple[bool, str | None]:
+        return listen_admission(headers, subprotocols, token)
+
+    def limits(self, native: SessionLimits) -> SessionLimits:
+        return replace(native, idle_timeout_seconds=self._settings.deepgram_idle_timeout)
+
+    def refusal(self) -> Refused | None:
+        problem = self._problem
+        return None if problem is None else Refused(code=problem.code, detail=problem.detail)
+
+    def wrap(self, channel: Channel) -> Channel:
+        rate = self.translator.options.sample_rate
+        max_frame = self._settings.stream_max_frame_bytes
+        resampler = None if rate == SAMPLE_RATE else PcmResampler(rate, max_frame)
+        if isinstance(channel, DirectChannel):
+            return DirectListenChannel(channel, self.translator, resampler)
+        return ListenChannel(channel, self.translator, resampler)
+
+
+class PcmResampler:
+    """A client's PCM16 mono at ``rate`` as 16 kHz frames for the session, streaming.
+
+    soxr's HQ resampler (libsoxr, the maintained library Talkies already uses for Piper's and
+    Wyoming's audio; its quality is measured in tests/test_dialect_deepgram_resample.py),
+    state kept across frames so frame boundaries change nothing. A frame the session would
+    refuse (empty, an odd number of bytes, over ``TALKIES_STREAM_MAX_FRAME_BYTES``) is passed
+    on as the client sent it, so it is refused with the native code; a resampled frame over
+    the limit (upsampling) is split. Fragments of a message are joined first, up to the
+    limit.
+    """
+
+    def __init__(self, rate: int, max_frame_bytes: int) -> None:
+        self._stream = soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="int16", quality="HQ")
+        self._max = max_frame_bytes
+        self._parts = bytearray()
+
+    def convert(self, batch: list[ClientMessage]) -> list[ClientMessage]:
+        out: list[ClientMessage] = []
+        for item in batch:
+            if isinstance(item, AudioBatch):
+                frames: list[bytes] = []
+                for frame in item.frames:
+                    frames.extend(self._frame(bytes(frame)))
+                out.append(AudioBatch(frames=tuple(frames)))
+            elif isinstance(item, BinaryReceived):
+                if len(self._parts) + len(item.data) > self._max:
+                    whole = bytes(self._parts) + item.data  # over the limit: refused as sent
+                    self._parts.clear()
+                    out.append(BinaryReceived(data=whole))
+                elif not item.final:
+                    self._parts += item.data
+                else:
+                    whole = bytes(self._parts) + item.data
+                    self._parts.clear()
+                    out.append(AudioBatch(frames=tuple(self._frame(whole))))
+            else:
+                out.append(item)
+        return out
+
+    def tail(self) -> list[bytes]:
+        """What the resampler still holds, at the end of the audio."""
+        last = self._stream.resample_chunk(np.zeros(0, dtype=np.int16), last=True)
+        return self._split(last.astype("<i2").tobytes())
+
+    def _frame(self, pcm: bytes) -> list[bytes]:
+        if not pcm or len(pcm) & 1 or len(pcm) > self._max:
+            return [pcm]
+        resampled = self._stream.resample_chunk(np.frombuffer(pcm, dtype="<i2"))
+        return self._split(resampled.astype("<i2").tobytes())
+
+    def _split(self, pcm: bytes) -> list[bytes]:
+        step = self._max & ~1
+        return [pcm[i : i + step] for i in range(0, len(pcm), step)]
+
+
+class ListenChannel:
+    """The driver's channel over a host's channel, translating both ways."""
+
+    def __init__(
+        self, inner: Channel, translator: ListenTranslator, resampler: PcmResampler | None = None
+    ) -> None:
+        self._inner = inner
+        self._translator = translator
+        self._resampler = resampler
+        self._started = False
+        self._reading = anyio.Event()  # set at the session's ready, or once it closes
+
+    async def receive(self) -> list[ClientMessage]:
+        translator = self._translator
+        if not self._started:
+            self._started = True
+            return [translator.start()]
+        resampler = self._resampler
+        while True:
+            await self._reading.wait()
+            batch = await self._inner.receive()
+            if resampler is not None:
+                batch = resampler.convert(batch)
+            batch = translator.client(batch)
+            if resampler is not None and any(item is END for item in batch):
+                at = next(i for i, item in enumerate(batch) if item is END)
+                batch[at:at] = [AudioBatch(frames=tuple(resampler.tail()))]
+            await self._send_pending()  # a Finalize's Results
+            if batch:
+                return batch
+
+    async def send_text(self, text: str) -> None:
+        self._session(text)
+        await self._send_pending()
+
+    async def close(self, code: int, reason: str) -> None:
+        self._translator.closing()
+        self._reading.set()  # the client's answer to the close frame is read
+        await self._inner.close(code, reason)
+
+    async def aclose(self) -> None:
+        self._reading.set()
+        await self._inner.aclose()
+
+    def _session(self, text: str) -> None:
+        translator = self._translator
+        translator.session(text)
+        if translator.streaming:
+            self._reading.set()
+
+    async def _send_pending(self) -> None:
+        for message in self._translator.pull_messages():
+            await self._inner.send_text(message)
+
+
+class DirectListenChannel(ListenChannel):
+    """A :class:`ListenChannel` over a :class:`DirectChannel`: results may be written from
+    the engine's callback too (the standalone server's fast path)."""
+
+    def __init__(
+        self,
+        inner: DirectChannel,
+        translator: ListenTranslator,
+        resampler: PcmResampler | None = None,
+    ) -> None:
+        super().__init__(inner, translator, resampler)
+        self._direct = inner
+
+    def can_send_now(self) -> bool:
+        return self._direct.can_send_now()
+
+    def send_text_now(self, text: str) -> None:
+        self._session(text)
+        # One native event makes at most three messages here (SpeechStarted, Results,
+        # UtteranceEnd): what the socket does not take is buffered, and the next message
+        # waits in send_text.
+        for message in self._translator.pull_messages():
+            self._direct.send_text_now(message)

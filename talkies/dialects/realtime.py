@@ -1,0 +1,803 @@
+"""OpenAI Realtime transcription, ``GET /v1/realtime?intent=transcription``, translated.
+
+OpenAI's realtime clients (the ``openai`` SDKs' ``client.realtime.connect``, LiveKit's and
+pipecat's OpenAI STT) open a WebSocket, get ``session.created``, configure the session with
+``session.update`` (GA) or ``transcription_session.update`` (beta), stream base64 PCM16 at
+24 kHz in ``input_audio_buffer.append`` events, and read items back: the server's voice
+detection opens and closes each one (``input_audio_buffer.speech_started`` ... ``.committed``),
+and its transcript comes as append-only ``delta`` events and a ``completed`` one. This module
+is the whole translation, pure and sans-IO (docs/dialects.md has the table of every event both
+ways; ``tests/test_dialect_realtime_table.py`` runs it):
+
+- :func:`parse_realtime_query` checks the upgrade's query (``intent=transcription``, an
+  optional Talkies ``model``; nothing else, credentials least of all);
+- :func:`configure` applies a ``session`` object (either dialect) to a
+  :class:`RealtimeConfig`, or says why not as an :class:`EventError` (OpenAI's ``error``
+  event; the session goes on);
+- :class:`RealtimeTranslator` turns client events into native inputs
+  (:meth:`~RealtimeTranslator.client`) and native events into OpenAI events
+  (:meth:`~RealtimeTranslator.session`), pulled with :meth:`~RealtimeTranslator.pull_messages`.
+  The native stream is opened (its ``start``) by the first session update or the first
+  append, whichever comes first; audio is held until the native ``ready``.
+
+Items follow the engine's endpoints (Vosk's, Whisper's VAD): an item's words may be revised
+until its endpoint, so its transcript's one ``delta`` comes at the endpoint, with exactly the
+``completed`` text. Manual commits (``turn_detection: null``, ``input_audio_buffer.commit``)
+need an engine flush that keeps the stream open, which the native session does not have:
+they are answered with an ``error`` event saying so (docs/dialects.md has the design).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any
+from urllib.parse import parse_qsl
+
+from ..protocol import (
+    MAX_CONTROL_BYTES,
+    MODEL_SLUG,
+    AudioBatch,
+    BinaryReceived,
+    ErrorCode,
+    PeerGone,
+    TextReceived,
+)
+
+__all__ = [
+    "CLIENT_SECRETS_PATH",
+    "INPUT_RATE",
+    "LOGPROBS",
+    "REALTIME_PATH",
+    "ClientInput",
+    "EventError",
+    "QueryError",
+    "RealtimeConfig",
+    "RealtimeQuery",
+    "RealtimeTranslator",
+    "configure",
+    "error_event",
+    "event_limit",
+    "parse_realtime_query",
+    "session_object",
+]
+
+REALTIME_PATH = "/v1/realtime"
+CLIENT_SECRETS_PATH = "/v1/realtime/client_secrets"
+INPUT_RATE = 24000  # the only PCM rate a Realtime session takes; resampled to 16 kHz by app/
+LOGPROBS = "item.input_audio_transcription.logprobs"
+
+ClientInput = AudioBatch | TextReceived | BinaryReceived | PeerGone
+
+_DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+_MAX_QUERY_FIELDS = 16
+_SERVER_VAD_DEFAULTS: dict[str, Any] = {
+    "type": "server_vad",
+    "threshold": 0.5,
+    "prefix_padding_ms": 300,
+    "silence_duration_ms": 500,
+}
+# server_vad's tuning: accepted and echoed, the pause that ends an item is the engine's rule.
+_SERVER_VAD_KEYS = frozenset(
+    {
+        "type",
+        "threshold",
+        "prefix_padding_ms",
+        "silence_duration_ms",
+        "idle_timeout_ms",
+        "create_response",
+        "interrupt_response",
+    }
+)
+# Client events of a conversation session: known, not served on a transcription session.
+_CONVERSATION_EVENTS = frozenset(
+    {
+        "conversation.item.create",
+        "conversation.item.retrieve",
+        "conversation.item.truncate",
+        "conversation.item.delete",
+        "response.create",
+        "response.cancel",
+        "output_audio_buffer.clear",
+    }
+)
+MANUAL_COMMIT = (
+    "manual commit is not supported yet: items are committed by the server's voice detection "
+    "(turn_detection server_vad); see docs/dialects.md"
+)
+
+
+def event_limit(max_frame_bytes: int) -> int:
+    """The largest client event read (bytes of JSON text): an append carrying one frame of
+    the native limit's size of 24 kHz audio, base64-encoded, and room for its envelope."""
+    return 4 * (max_frame_bytes // 3 + 1) + MAX_CONTROL_BYTES
+
+
+class QueryError(Exception):
+    """An upgrade query Talkies will not serve: the native code (its close code), why."""
+
+    def __init__(self, code: ErrorCode, detail: str) -> None:
+        super().__init__(f"{code.value}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EventError(Exception):
+    """A client event refused with OpenAI's ``error`` event; the session goes on."""
+
+    code: str
+    message: str
+    param: str | None = None
+    type: str = "invalid_request_error"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RealtimeQuery:
+    model: str  # the session's model until a session update names another
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RealtimeConfig:
+    """A transcription session's settings (docs/dialects.md says what each does here)."""
+
+    model: str
+    language: str | None = None
+    prompt: str = ""
+    turn_detection: dict[str, Any] = field(default_factory=lambda: dict(_SERVER_VAD_DEFAULTS))
+    include: tuple[str, ...] = ()
+
+    def start_message(self) -> str:
+        """The native ``start`` this session opens (words and partials always: the
+        speech_started event and the cut of a clear need them)."""
+        start: dict[str, Any] = {
+            "type": "start",
+            "model": self.model,
+            "encoding": "pcm_s16le",
+            "sample_rate": 16000,
+            "channels": 1,
+            "interim_results": True,
+            "word_timestamps": True,
+        }
+        if self.language is not None:
+            start["language"] = self.language
+        return _DUMPS(start)
+
+
+def _quote(text: str, limit: int = 48) -> str:
+    shown = json.dumps(text, ensure_ascii=True)
+    return shown if len(shown) <= limit else shown[: limit - 4] + '..."'
+
+
+def parse_realtime_query(query: bytes | str, *, default_model: str) -> RealtimeQuery:
+    """Validate a ``/v1/realtime`` upgrade query; raise :class:`QueryError`."""
+    if isinstance(query, bytes):
+        query = query.decode("utf-8", "replace")
+    try:
+        pairs = parse_qsl(
+            query, keep_blank_values=True, max_num_fields=_MAX_QUERY_FIELDS, errors="replace"
+        )
+    except ValueError:
+        raise QueryError(
+            ErrorCode.INVALID_FIELD, f"more than {_MAX_QUERY_FIELDS} query parameters"
+        ) from None
+    values: dict[str, str] = {}
+    for name, value in pairs:
+        if name in values:
+            raise QueryError(ErrorCode.DUPLICATE_FIELD, f"{_quote(name)} is given twice")
+        if name not in ("intent", "model"):
+            # api_key, token, key ...: credentials never travel in a URL here.
+            raise QueryError(
+                ErrorCode.UNKNOWN_FIELD, f"the query parameter {_quote(name)} is not supported"
+            )
+        values[name] = value
+    intent = values.get("intent")
+    if intent != "transcription":
+        raise QueryError(
+            ErrorCode.INVALID_FIELD,
+            "only transcription sessions are served here: connect with intent=transcription",
+        )
+    model = values.get("model", default_model)
+    if not MODEL_SLUG.fullmatch(model):
+        raise QueryError(ErrorCode.INVALID_MODEL, f"model {_quote(model)} is not a model id")
+    return RealtimeQuery(model=model)
+
+
+# -- session objects ---------------------------------------------------------------------------
+
+
+def _object(value: object, param: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise EventError(code="invalid_type", message=f"{param} must be an object", param=param)
+    return value
+
+
+def _known(value: dict[str, Any], allowed: frozenset[str] | set[str], param: str) -> None:
+    for key in value:
+        if key not in allowed:
+            raise EventError(
+                code="unknown_parameter",
+                message=f"unknown parameter: {param}.{key}",
+                param=f"{param}.{key}",
+            )
+
+
+def _turn_detection(value: object, param: str) -> dict[str, Any]:
+    if value is None:
+        raise EventError(code="unsupported_turn_detection", message=MANUAL_COMMIT, param=param)
+    detection = _object(value, param)
+    _known(detection, _SERVER_VAD_KEYS, param)
+    kind = detection.get("type", "server_vad")
+    if kind != "server_vad":
+        raise EventError(
+            code="unsupported_turn_detection",
+            message=f"turn_detection type {_quote(str(kind))} is not supported: only server_vad",
+            param=f"{param}.type",
+        )
+    for key, value_ in detection.items():
+        if key == "type":
+            continue
+        number = value_ if key not in ("create_response", "interrupt_response") else 0
+        bad = isinstance(number, bool) or not isinstance(number, int | float) or number < 0
+        if key in ("create_response", "interrupt_response"):
+            bad = not isinstance(value_, bool)
+        elif key == "idle_timeout_ms" and value_ is None:
+            bad = False
+        if bad:
+            raise EventError(
+                code="invalid_value", message=f"{param}.{key} is invalid", param=f"{param}.{key}"
+            )
+    return {**_SERVER_VAD_DEFAULTS, **detection, "type": "server_vad"}
+
+
+def _transcription(
+    config: RealtimeConfig, value: object, param: str, *, opened: bool
+) -> RealtimeConfig:
+    if value is None:
+        return config
+    settings = _object(value, param)
+    _known(settings, {"model", "language", "prompt"}, param)
+    model = settings.get("model", config.model)
+    if not isinstance(model, str) or not MODEL_SLUG.fullmatch(model):
+        raise EventError(
+            code="invalid_value",
+            message=f"{param}.model must be a Talkies model id (GET /v1/models)",
+            param=f"{param}.model",
+        )
+    language = settings.get("language", config.language)
+    if language is not None and (not isinstance(language, str) or not 0 < len(language) <= 32):
+        raise EventError(
+            code="invalid_value", message=f"{param}.language is invalid", param=f"{param}.language"
+        )
+    prompt = settings.get("prompt", config.prompt)
+    if prompt is None:
+        prompt = ""
+    if not isinstance(prompt, str):
+        raise EventError(
+            code="invalid_value",
+            message=f"{param}.prompt must be a string",
+            param=f"{param}.prompt",
+        )
+    if prompt:
+        raise EventError(
+            code="unsupported_parameter",
+            message="a transcription prompt is not supported by this server",
+            param=f"{param}.prompt",
+        )
+    if opened and (model, language) != (config.model, config.language):
+        raise EventError(
+            code="session_already_started",
+            message="the model and language cannot change once the session's audio has begun",
+            param=param,
+        )
+    return replace(config, model=model, language=language, prompt=prompt)
+
+
+def _noise_reduction(value: object, param: str) -> None:
+    if value is not None:
+        raise EventError(
+            code="unsupported_parameter",
+            message="noise reduction is not supported by this server: set it to null",
+            param=param,
+        )
+
+
+def _include(value: object, param: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(item == LOGPROBS for item in value):
+        raise EventError(
+            code="invalid_value", message=f"{param} may only hold {LOGPROBS!r}", param=param
+        )
+    return (LOGPROBS,) if value else ()
+
+
+def configure(
+    config: RealtimeConfig, session: object, *, beta: bool, opened: bool = False
+) -> RealtimeConfig:
+    """``config`` with a session update's ``session`` applied (absent fields keep their
+    values), or :class:`EventError`. ``opened``: the native stream is open, so the model and
+    language are fixed."""
+    settings = _object(session, "session")
+    if beta:
+        _known(
+            settings,
+            {
+                "input_audio_format",
+                "input_audio_transcription",
+                "turn_detection",
+                "input_audio_noise_reduction",
+                "include",
+                "modalities",
+            },
+            "session",
+        )
+        audio_format = settings.get("input_audio_format", "pcm16")
+        if audio_format != "pcm16":
+            raise EventError(
+                code="unsupported_audio_format",
+                message="only input_audio_format pcm16 (24 kHz) is supported",
+                param="session.input_audio_format",
+            )
+        config = _transcription(
+            config,
+            settings.get("input_audio_transcription"),
+            "session.input_audio_transcription",
+            opened=opened,
+        )
+        detection = config.turn_detection
+        if "turn_detection" in settings:
+            detection = _turn_detection(settings["turn_detection"], "session.turn_detection")
+        _noise_reduction(
+            settings.get("input_audio_noise_reduction"), "session.input_audio_noise_reduction"
+        )
+        include = _include(settings.get("include", list(config.include)), "session.include")
+        return replace(config, turn_detection=detection, include=include)
+    _known(settings, {"type", "audio", "include"}, "session")
+    if settings.get("type", "transcription") != "transcription":
+        raise EventError(
+            code="invalid_value",
+            message="only transcription sessions are served here (session.type transcription)",
+            param="session.type",
+        )
+    audio = _object(settings.get("audio", {}), "session.audio")
+    _known(audio, {"input"}, "session.audio")
+    inputs = _object(audio.get("input", {}), "session.audio.input")
+    param = "session.audio.input"
+    _known(inputs, {"format", "transcription", "turn_detection", "noise_reduction"}, param)
+    if "format" in inputs:
+        audio_format = _object(inputs["format"], f"{param}.format")
+        _known(audio_format, {"type", "rate"}, f"{param}.format")
+        if (
+            audio_format.get("type", "audio/pcm") != "audio/pcm"
+            or audio_format.get("rate", INPUT_RATE) != INPUT_RATE
+        ):
+            raise EventError(
+                code="unsupported_audio_format",
+                message="only audio/pcm at 24000 Hz is supported",
+                param=f"{param}.format",
+            )
+    config = _transcription(
+        config, inputs.get("transcription"), f"{param}.transcription", opened=opened
+    )
+    detection = config.turn_detection
+    if "turn_detection" in inputs:
+        detection = _turn_detection(inputs["turn_detection"], f"{param}.turn_detection")
+    _noise_reduction(inputs.get("noise_reduction"), f"{param}.noise_reduction")
+    include = _include(settings.get("include", list(config.include)), "session.include")
+    return replace(config, turn_detection=detection, include=include)
+
+
+def session_object(config: RealtimeConfig, *, session_id: str, beta: bool) -> dict[str, Any]:
+    """The ``session`` of ``session.created`` / ``.updated`` (or the beta's) for ``config``."""
+    transcription = {
+        "model": config.model,
+        "language": config.language,
+        "prompt": config.prompt,
+    }
+    if beta:
+        return {
+            "id": session_id,
+            "object": "realtime.transcription_session",
+            "input_audio_format": "pcm16",
+            "input_audio_transcription": transcription,
+            "turn_detection": config.turn_detection,
+            "input_audio_noise_reduction": None,
+            "include": list(config.include),
+        }
+    return {
+        "type": "transcription",
+        "id": session_id,
+        "object": "realtime.transcription_session",
+        "audio": {
+            "input": {
+                "format": {"type": "audio/pcm", "rate": INPUT_RATE},
+                "transcription": transcription,
+                "turn_detection": config.turn_detection,
+                "noise_reduction": None,
+            }
+        },
+        "include": list(config.include),
+    }
+
+
+def error_event(error: EventError, *, event_id: str, client_event_id: str | None) -> str:
+    """OpenAI's ``error`` event for ``error``."""
+    return _DUMPS(
+        {
+            "type": "error",
+            "event_id": event_id,
+            "error": {
+                "type": error.type,
+                "code": error.code,
+                "message": error.message,
+                "param": error.param,
+                "event_id": client_event_id,
+            },
+        }
+    )
+
+
+# -- the translator ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Word:
+    word: str
+    start: float
+    end: float
+
+
+def _words(raw: object) -> tuple[_Word, ...]:
+    if not isinstance(raw, list):
+        return ()
+    return tuple(_Word(str(w["word"]).strip(), float(w["start"]), float(w["end"])) for w in raw)
+
+
+def _ms(seconds: float) -> int:
+    return max(0, round(seconds * 1000))
+
+
+class RealtimeTranslator:
+    """One ``/v1/realtime`` transcription connection's translation, both ways.
+
+    ``session_id`` names the session and seeds its item and event ids (``item_<id>_<n>``):
+    the app layer draws it, this class draws nothing and reads no clock.
+    """
+
+    def __init__(
+        self,
+        config: RealtimeConfig,
+        *,
+        session_id: str,
+        max_event_bytes: int,
+        max_frame_bytes: int,
+    ) -> None:
+        self.config = config
+        self.opened = False  # the native start was given
+        self.streaming = False  # the native ready was seen: audio may flow
+        self.closed = False  # the native session's last event was seen
+        self.beta = False  # the client spoke the beta dialect (transcription_session.update)
+        self._session_id = session_id
+        self._suffix = session_id.removeprefix("sess_")
+        self._max_event = max_event_bytes
+        self._max_frame = max(2, max_frame_bytes & ~1)
+        self._out: list[str] = []
+        self._text: bytearray | None = None
+        self._held: list[bytes] = []  # audio appended before the native ready
+        self._events = 0
+        self._items = 0
+        self._item: str | None = None  # the open item (speech started), if any
+        self._last_item: str | None = None
+        self._item_start = 0.0  # where the open item's audio begins (seconds)
+        self._segment_start = 0.0  # where the engine's current utterance begins
+        self._cut_end: float | None = None  # a clear: words ending by here are dropped
+        self._cut_count = 0  # a clear, without word times: this many words dropped
+        self._hypothesis: tuple[str, tuple[_Word, ...]] = ("", ())
+
+    # -- client -> session -------------------------------------------------------------------
+
+    def connected(self) -> None:
+        """The connection is open: ``session.created`` with the session's settings."""
+        self._emit(
+            {
+                "type": "session.created",
+                "session": session_object(self.config, session_id=self._session_id, beta=False),
+            }
+        )
+
+    def client(self, batch: list[ClientInput]) -> list[ClientInput]:
+        """The native inputs for one read of client messages."""
+        out: list[ClientInput] = []
+        for item in batch:
+            if isinstance(item, TextReceived):
+                out.extend(self._text_part(item))
+            elif isinstance(item, AudioBatch | BinaryReceived):
+                if isinstance(item, BinaryReceived) and not item.final:
+                    continue  # answered once, at its last fragment
+                self._refuse(
+                    EventError(
+                        code="invalid_message",
+                        message="binary messages are not supported: send audio in "
+                        "input_audio_buffer.append events",
+                    ),
+                    None,
+                )
+            else:
+                out.append(item)
+        return out
+
+    def held(self) -> list[ClientInput]:
+        """The audio appended before the native ready, once it came."""
+        frames, self._held = self._held, []
+        return [AudioBatch(frames=tuple(frames))] if frames else []
+
+    def _text_part(self, item: TextReceived) -> list[ClientInput]:
+        data = (
+            item.data.encode("utf-8", "surrogatepass") if isinstance(item.data, str) else item.data
+        )
+        buffered = self._text if self._text is not None else bytearray()
+        if len(buffered) + len(data) > self._max_event:
+            # The native session refuses it (message_too_large) and closes 4400.
+            self._text = None
+            return [TextReceived(data=b"x" * (MAX_CONTROL_BYTES + 1))]
+        if not item.final:
+            buffered += data
+            self._text = buffered
+            return []
+        self._text = None
+        return self._event(bytes(buffered) + data if buffered else data)
+
+    def _event(self, data: bytes) -> list[ClientInput]:
+        try:
+            event = json.loads(data)
+        except (ValueError, RecursionError):
+            self._refuse(EventError(code="invalid_json", message="the event is not JSON"), None)
+            return self._activity()
+        if not isinstance(event, dict):
+            self._refuse(EventError(code="invalid_event", message="an event is an object"), None)
+            return self._activity()
+        client_id = event.get("event_id")
+        client_id = client_id if isinstance(client_id, str) else None
+        kind = event.get("type")
+        try:
+            if not isinstance(kind, str):
+                raise EventError(
+                    code="missing_required_parameter", message="the event has no type", param="type"
+                )
+            if kind in ("session.update", "transcription_session.update"):
+                return self._update(event, beta=kind == "transcription_session.update")
+            if kind == "input_audio_buffer.append":
+                return self._append(event)
+            if kind == "input_audio_buffer.clear":
+                self._clear()
+                return self._activity()
+            if kind == "input_audio_buffer.commit":
+                raise EventError(code="manual_commit_not_supported", message=MANUAL_COMMIT)
+            if kind in _CONVERSATION_EVENTS:
+                raise EventError(
+                    code="unsupported_event",
+                    message=f"{kind} is not served on a transcription session",
+                    param="type",
+                )
+            raise EventError(
+                code="invalid_event_type",
+                message=f"unknown event type {_quote(kind)}",
+                param="type",
+            )
+        except EventError as error:
+            self._refuse(error, client_id)
+            return self._activity()
+
+    def _activity(self) -> list[ClientInput]:
+        # Client activity for the native idle timer (no audio), once the stream is live.
+        return [AudioBatch(frames=())] if self.streaming and not self.closed else []
+
+    def _update(self, event: dict[str, Any], *, beta: bool) -> list[ClientInput]:
+        self.config = configure(self.config, event.get("session"), beta=beta, opened=self.opened)
+        self.beta = beta
+        self._emit(
+            {
+                "type": "transcription_session.updated" if beta else "session.updated",
+                "session": session_object(self.config, session_id=self._session_id, beta=beta),
+            }
+        )
+        return self._open() or self._activity()
+
+    def _open(self) -> list[ClientInput]:
+        if self.opened:
+            return []
+        self.opened = True
+        return [TextReceived(data=self.config.start_message())]
+
+    def _append(self, event: dict[str, Any]) -> list[ClientInput]:
+        audio = event.get("audio")
+        if not isinstance(audio, str):
+            raise EventError(
+                code="missing_required_parameter",
+                message="input_audio_buffer.append needs audio (base64 PCM16)",
+                param="audio",
+            )
+        try:
+            pcm = base64.b64decode(audio, validate=True)
+        except (binascii.Error, ValueError):
+            raise EventError(
+                code="invalid_value", message="audio is not valid base64", param="audio"
+            ) from None
+        if len(pcm) & 1:
+            raise EventError(
+                code="invalid_value",
+                message="audio must be whole PCM16 samples (an even number of bytes)",
+                param="audio",
+            )
+        if not pcm:
+            return self._activity()
+        step = self._max_frame
+        frames = [pcm[i : i + step] for i in range(0, len(pcm), step)]
+        opening = self._open()
+        if not self.streaming:
+            self._held.extend(frames)
+            return opening
+        return [AudioBatch(frames=tuple(frames))]
+
+    def _clear(self) -> None:
+        # The engine keeps what it heard; the words of the open utterance heard so far are
+        # dropped from its item (by their times, by their count without times).
+        text, words = self._hypothesis
+        if words:
+            self._cut_end = words[-1].end
+        else:
+            self._cut_count += len(text.split())
+        self._hypothesis = ("", ())
+        self._emit({"type": "input_audio_buffer.cleared"})
+
+    def _refuse(self, error: EventError, client_id: str | None) -> None:
+        if not self.closed:
+            self._out.append(
+                error_event(error, event_id=self._event_id(), client_event_id=client_id)
+            )
+
+    # -- session -> client -------------------------------------------------------------------
+
+    def session(self, text: str) -> None:
+        """One native event (as the session wrote it)."""
+        event = json.loads(text)
+        kind = event["type"]
+        if kind == "ready":
+            self.streaming = True
+        elif kind == "partial":
+            self._partial(event)
+        elif kind in ("endpoint", "final"):
+            self._endpoint(event)
+        elif kind == "stats":
+            self.closed = True
+        elif kind == "error":
+            code = str(event["code"])
+            detail = str(event["detail"])
+            if self._item is not None and code == ErrorCode.SERVER_ERROR.value:
+                self._emit(
+                    {
+                        "type": "conversation.item.input_audio_transcription.failed",
+                        "item_id": self._item,
+                        "content_index": 0,
+                        "error": {"type": "server_error", "code": code, "message": detail},
+                    }
+                )
+            error = EventError(
+                code=code,
+                message=detail,
+                type="server_error"
+                if code == ErrorCode.SERVER_ERROR.value
+                else "invalid_request_error",
+            )
+            self._refuse(error, None)
+            self.closed = True
+
+    def closing(self) -> None:
+        """The connection is closing: the translator says nothing more of its own."""
+        self.closed = True
+
+    def pull_messages(self) -> list[str]:
+        """The OpenAI events produced since the last call, in order."""
+        out, self._out = self._out, []
+        return out
+
+    def _after_cut(self, text: str, words: tuple[_Word, ...]) -> tuple[str, tuple[_Word, ...]]:
+        if self._cut_end is not None and words:
+            kept = tuple(w for w in words if (w.start + w.end) / 2 > self._cut_end)
+            return " ".join(w.word for w in kept), kept
+        if self._cut_count:
+            return " ".join(text.split()[self._cut_count :]), words[self._cut_count :]
+        return text, words
+
+    def _partial(self, event: dict[str, Any]) -> None:
+        text, words = self._after_cut(str(event["text"]).strip(), _words(event.get("words")))
+        self._hypothesis = (text, words)
+        if self._item is None and text:
+            self._speech_started(words[0].start if words else self._segment_start)
+
+    def _speech_started(self, start: float) -> None:
+        self._items += 1
+        self._item = f"item_{self._suffix}_{self._items}"
+        self._item_start = start
+        self._emit(
+            {
+                "type": "input_audio_buffer.speech_started",
+                "audio_start_ms": _ms(start),
+                "item_id": self._item,
+            }
+        )
+
+    def _endpoint(self, event: dict[str, Any]) -> None:
+        text, words = self._after_cut(str(event["text"]).strip(), _words(event.get("words")))
+        end = max(float(event["audio_seconds"]), words[-1].end if words else 0.0)
+        if self._item is None and text:
+            self._speech_started(words[0].start if words else self._segment_start)
+        item = self._item
+        self._segment_start = end
+        self._item = None
+        self._hypothesis = ("", ())
+        self._cut_end = None
+        self._cut_count = 0
+        if item is None:
+            return  # an endpoint after no words: no item
+        previous, self._last_item = self._last_item, item
+        self._emit(
+            {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": _ms(end), "item_id": item}
+        )
+        self._emit(
+            {"type": "input_audio_buffer.committed", "previous_item_id": previous, "item_id": item}
+        )
+        added = "conversation.item.created" if self.beta else "conversation.item.added"
+        self._emit({"type": added, "previous_item_id": previous, "item": _item(item, None)})
+        if text:
+            self._emit(
+                {
+                    "type": "conversation.item.input_audio_transcription.delta",
+                    "item_id": item,
+                    "content_index": 0,
+                    "delta": text,
+                }
+            )
+        self._emit(
+            {
+                "type": "conversation.item.input_audio_transcription.completed",
+                "item_id": item,
+                "content_index": 0,
+                "transcript": text,
+                "usage": {
+                    "type": "duration",
+                    "seconds": round(max(0.0, end - self._item_start), 3),
+                },
+            }
+        )
+        if not self.beta:
+            self._emit(
+                {
+                    "type": "conversation.item.done",
+                    "previous_item_id": previous,
+                    "item": _item(item, text),
+                }
+            )
+
+    def _event_id(self) -> str:
+        self._events += 1
+        return f"event_{self._suffix}_{self._events}"
+
+    def _emit(self, message: dict[str, Any]) -> None:
+        if self.closed:
+            return
+        self._out.append(_DUMPS({"event_id": self._event_id(), **message}))
+
+
+def _item(item_id: str, transcript: str | None) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "object": "realtime.item",
+        "type": "message",
+        "status": "completed",
+        "role": "user",
+        "content": [{"type": "input_audio", "transcript": transcript}],
+    }
