@@ -388,6 +388,17 @@ def _check_wyoming_uri(value: object) -> list[str]:
     return []
 
 
+def _check_zeroconf_name(value: object) -> list[str]:
+    # A DNS-SD instance name is one DNS label: at most 63 bytes of UTF-8 (RFC 6763 section 4.1.1).
+    if value is None:
+        return []
+    if not isinstance(value, str) or not value or len(value.encode()) > 63:
+        return ["must be a service name of 1 to 63 bytes (UTF-8)"]
+    if any(unicodedata.category(ch).startswith("C") for ch in value) or "." in value:
+        return ["must be a service name without dots or control characters"]
+    return []
+
+
 _VARS: tuple[_Var, ...] = (
     _int_var("TALKIES_STREAM_MAX_CONNECTIONS", "stream_max_connections", 1, 1024),
     _int_var("TALKIES_STREAM_MAX_FRAME_BYTES", "stream_max_frame_bytes", 2, 16_777_216),
@@ -399,6 +410,13 @@ _VARS: tuple[_Var, ...] = (
     # (4408); until its start is accepted it holds no stream slot.
     _duration_var("TALKIES_STREAM_START_TIMEOUT", "stream_start_timeout", 1.0, 3600.0),
     _duration_var("TALKIES_STREAM_MAX_DURATION", "stream_max_duration", 1.0, 86_400.0),
+    # GET /v1/listen (Deepgram's live API): closed (4408) when neither audio nor KeepAlive
+    # came for this long, as Deepgram's own service does after 10 s.
+    _duration_var("TALKIES_DEEPGRAM_IDLE_TIMEOUT", "deepgram_idle_timeout", 1.0, 3600.0),
+    # A model whose streams' decoders are further behind their audio than this refuses new
+    # streams (4429) and /readyz says 503, until it has caught up to half of it; 0: never
+    # (talkies/engines/runtime/lag.py). Above 80% of the stream buffer it is lowered to that.
+    _duration_var("TALKIES_STREAM_MAX_LAG", "stream_max_lag", 0.0, 3600.0),
     # One decode call (accept/finish/decode_many) running longer fails its streams (4500).
     _duration_var("TALKIES_DECODE_TIMEOUT", "decode_timeout", 1.0, 3600.0),
     _Var("TALKIES_AUTH_TOKEN", "auth_token", _text, _check_token, secret=True),
@@ -437,6 +455,9 @@ _VARS: tuple[_Var, ...] = (
     _int_var("TALKIES_PORT", "port", 0, 65535),
     # The Wyoming server (Home Assistant), tcp://HOST:PORT; unset: none.
     _Var("TALKIES_WYOMING_URI", "wyoming_uri", _text, _check_wyoming_uri),
+    # Advertise the Wyoming server over zeroconf (_wyoming._tcp.local.) under this name, so
+    # Home Assistant discovers it; unset: not advertised.
+    _Var("TALKIES_WYOMING_ZEROCONF", "wyoming_zeroconf", _text, _check_zeroconf_name),
 )
 _KNOWN_NAMES: tuple[str, ...] = tuple(var.env for var in _VARS)
 _ENV_PREFIX = "TALKIES_"
@@ -522,6 +543,8 @@ class Settings:
     stream_idle_timeout: float = 30.0
     stream_start_timeout: float = 5.0
     stream_max_duration: float = 14_400.0
+    stream_max_lag: float = 3.0
+    deepgram_idle_timeout: float = 10.0
     decode_timeout: float = 30.0
     # repr=False: the token must never reach logs via repr() of the settings.
     auth_token: str | None = field(default=None, repr=False)
@@ -549,6 +572,7 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     wyoming_uri: str | None = None
+    wyoming_zeroconf: str | None = None
 
     def __post_init__(self) -> None:
         self._normalize()
@@ -561,6 +585,8 @@ class Settings:
             "stream_idle_timeout",
             "stream_start_timeout",
             "stream_max_duration",
+            "stream_max_lag",
+            "deepgram_idle_timeout",
             "decode_timeout",
             "model_ttl",
             "upload_timeout",
@@ -646,6 +672,13 @@ class Settings:
         """Return a copy with ``changes`` applied, validated like :meth:`from_env`."""
         # replace() goes through __init__, hence __post_init__ and _validate.
         return replace(self, **changes)
+
+    def max_lag_for(self, entry_max_lag: float | None) -> float:
+        """The lag bound of a model whose entry says ``entry_max_lag`` (None: this server's
+        TALKIES_STREAM_MAX_LAG), at most 80% of the stream buffer: past the buffer the client
+        is held by backpressure, and the lag is no longer the server's to see. 0: never."""
+        bound = self.stream_max_lag if entry_max_lag is None else entry_max_lag
+        return min(bound, 0.8 * self.stream_max_buffer_seconds)
 
     def concurrency_for(self, slug: str) -> int:
         """How many requests model ``slug`` may serve at once."""

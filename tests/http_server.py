@@ -15,7 +15,9 @@ data dir by the fixture) plus:
   ``<data dir>/qwen3-tiny`` by the fixture (``kokoro-82m``, a real model, is built in);
 - ``canary-test``: an entry of an executor with neither a live nor a file path here;
 - test doubles under names of their own (``energy-test``, ``energy-slow-test``: the energy
-  "recognizer" of tests/fake_engine.py, behind the real runtime and pool, one slot each).
+  "recognizer" of tests/fake_engine.py, behind the real runtime and pool, one slot each;
+  ``energy-lagging-test``: the same, decoding 2.5 times slower than real time,
+  tests/lag_engine.py, three slots, refusing new streams past 0.5 s of lag).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from talkies.engines.pool import Loader, ModelPool, build_registry
 from talkies.engines.supply.registry import ModelEntry
 
 from .fake_engine import EnergyFileModel
+from .lag_engine import LAGGING_SLUG, LaggingEnergyModel
 
 ENERGY_SLUGS = {"energy-test": 0.0, "energy-slow-test": 0.5}
 
@@ -71,6 +74,9 @@ def registry(settings: Settings) -> dict[str, ModelEntry]:
     models["canary-test"] = ModelEntry(slug="canary-test", executor="canary_multitask", path=here)
     for slug in ENERGY_SLUGS:
         models[slug] = ModelEntry(slug=slug, executor="vosk", path=here, max_concurrency=1)
+    models[LAGGING_SLUG] = ModelEntry(
+        slug=LAGGING_SLUG, executor="vosk", path=here, max_concurrency=3, max_lag=0.5
+    )
     return models
 
 
@@ -81,6 +87,8 @@ def loader_for(settings: Settings) -> Loader:
     def loader(entry: ModelEntry, root: Path, device: str) -> LoadedModel:
         if entry.slug in ENERGY_SLUGS:
             return EnergyFileModel(delay=ENERGY_SLUGS[entry.slug])
+        if entry.slug == LAGGING_SLUG:  # decoding 2.5 times slower than real time
+            return LaggingEnergyModel(factor=2.5)
         return load_engine(entry, root, device, settings)
 
     return loader
@@ -113,11 +121,13 @@ def main() -> None:
         import uvicorn
 
         from talkies.transport.asgi import create_app
+        from talkies.transport.uvicorn_h11 import TalkiesH11Protocol
 
         uvicorn.run(
             create_app(settings, pool),
             host=settings.host,
             port=port,
+            http=TalkiesH11Protocol,  # its own 400s in OpenAI's shape, as the app's
             ws_max_size=max(4096, settings.stream_max_frame_bytes),
             ws_per_message_deflate=False,
             log_level="warning",

@@ -72,11 +72,11 @@ def test_metrics(host: HttpHost) -> None:
             time.sleep(0.05)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     after = r.text
-    done = {"outcome": "end", "code": ""}
+    done = {"surface": "websocket", "outcome": "end", "code": ""}
     had = _metric(before, "talkies_streams_total", **done) if 'outcome="end"' in before else 0
     assert _metric(after, "talkies_streams_total", **done) >= had + 1
-    assert _metric(after, "talkies_audio_frames_total") >= 10
-    assert _metric(after, "talkies_audio_seconds_total") >= 1.0
+    assert _metric(after, "talkies_audio_frames_total", surface="websocket") >= 10
+    assert _metric(after, "talkies_audio_seconds_total", surface="websocket") >= 1.0
     assert _metric(after, "talkies_model_slots", model="energy-test") == 1
     assert _metric(after, "talkies_model_slots_in_use", model="energy-test") == 0
     assert _metric(after, "talkies_model_loaded", model="energy-test") == 1
