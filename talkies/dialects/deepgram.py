@@ -39,6 +39,7 @@ from ..protocol import (
     PeerGone,
     TextReceived,
 )
+from .common import DUMPS, native_start, quote
 
 __all__ = [
     "END",
@@ -65,7 +66,6 @@ END = TextReceived(data='{"type":"end"}')
 ClientInput = AudioBatch | TextReceived | BinaryReceived | PeerGone
 
 _MAX_QUERY_FIELDS = 64
-_DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
 # Query parameters that change nothing here whatever their value (analytics, versions,
 # latency hints; filler_words, which LiveKit sends true: the engine writes the fillers it
@@ -131,23 +131,7 @@ class ListenOptions:
         """The native ``start`` these options open: always with interim results and words
         (Finalize and SpeechStarted need the hypothesis; the translator drops what the client
         did not ask for)."""
-        start: dict[str, Any] = {
-            "type": "start",
-            "model": self.model,
-            "encoding": "pcm_s16le",
-            "sample_rate": 16000,
-            "channels": 1,
-            "interim_results": True,
-            "word_timestamps": True,
-        }
-        if self.language is not None:
-            start["language"] = self.language
-        return _DUMPS(start)
-
-
-def _quote(text: str, limit: int = 48) -> str:
-    shown = json.dumps(text, ensure_ascii=True)
-    return shown if len(shown) <= limit else shown[: limit - 4] + '..."'
+        return native_start(self.model, self.language)
 
 
 def _flag(name: str, value: str) -> bool:
@@ -156,15 +140,13 @@ def _flag(name: str, value: str) -> bool:
         return True
     if lowered in ("false", "0"):
         return False
-    raise ListenError(ErrorCode.INVALID_FIELD, f"{name} must be true or false, not {_quote(value)}")
+    raise ListenError(ErrorCode.INVALID_FIELD, f"{name} must be true or false, not {quote(value)}")
 
 
 def _integer(name: str, value: str, low: int, high: int) -> int:
     text = value.strip()
     if not text.isdigit() or len(text) > 9:
-        raise ListenError(
-            ErrorCode.INVALID_FIELD, f"{name} must be an integer, not {_quote(value)}"
-        )
+        raise ListenError(ErrorCode.INVALID_FIELD, f"{name} must be an integer, not {quote(value)}")
     number = int(text)
     if not low <= number <= high:
         raise ListenError(ErrorCode.INVALID_FIELD, f"{name} must be between {low} and {high}")
@@ -188,7 +170,7 @@ def parse_listen_query(query: bytes | str, *, default_model: str) -> ListenOptio
     values: dict[str, str] = {}
     for name, value in pairs:
         if name in seen and name not in _REPEATABLE:
-            raise ListenError(ErrorCode.DUPLICATE_FIELD, f"{_quote(name)} is given twice")
+            raise ListenError(ErrorCode.DUPLICATE_FIELD, f"{quote(name)} is given twice")
         seen.add(name)
         if name in _IGNORED:
             continue
@@ -200,13 +182,13 @@ def parse_listen_query(query: bytes | str, *, default_model: str) -> ListenOptio
             continue
         if name not in _SUPPORTED:
             raise ListenError(
-                ErrorCode.UNKNOWN_FIELD, f"the query parameter {_quote(name)} is not supported"
+                ErrorCode.UNKNOWN_FIELD, f"the query parameter {quote(name)} is not supported"
             )
         values[name] = value
 
     model = values.get("model", default_model)
     if not MODEL_SLUG.fullmatch(model):
-        raise ListenError(ErrorCode.INVALID_MODEL, f"model {_quote(model)} is not a model id")
+        raise ListenError(ErrorCode.INVALID_MODEL, f"model {quote(model)} is not a model id")
     encoding = values.get("encoding")
     if encoding is None:
         raise ListenError(
@@ -216,7 +198,7 @@ def parse_listen_query(query: bytes | str, *, default_model: str) -> ListenOptio
     if encoding.strip().lower() != "linear16":
         raise ListenError(
             ErrorCode.UNSUPPORTED_ENCODING,
-            f"encoding {_quote(encoding)} is not supported: only linear16",
+            f"encoding {quote(encoding)} is not supported: only linear16",
         )
     sample_rate = 16000
     if "sample_rate" in values:
@@ -393,9 +375,9 @@ class ListenTranslator:
                 return []
             self._finalize()
             return [AudioBatch(frames=())] if live else []
-        self._why = f"the message type {_quote(kind)} is not supported on /v1/listen"
+        self._why = f"the message type {quote(kind)} is not supported on /v1/listen"
         renamed = kind if kind not in _NATIVE_TYPES else f"{kind}?"
-        return [TextReceived(data=_DUMPS({"type": renamed}))]
+        return [TextReceived(data=DUMPS({"type": renamed}))]
 
     def _finalize(self) -> None:
         if self.closed:
@@ -560,7 +542,7 @@ class ListenTranslator:
         )
 
     def _emit(self, message: dict[str, Any]) -> None:
-        self._out.append(_DUMPS(message))
+        self._out.append(DUMPS(message))
 
 
 def _unit(value: float) -> float:

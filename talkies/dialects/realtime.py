@@ -45,6 +45,7 @@ from ..protocol import (
     PeerGone,
     TextReceived,
 )
+from .common import DUMPS, native_start, quote
 
 __all__ = [
     "CLIENT_SECRETS_PATH",
@@ -71,7 +72,6 @@ LOGPROBS = "item.input_audio_transcription.logprobs"
 
 ClientInput = AudioBatch | TextReceived | BinaryReceived | PeerGone
 
-_DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 _MAX_QUERY_FIELDS = 16
 _SERVER_VAD_DEFAULTS: dict[str, Any] = {
     "type": "server_vad",
@@ -152,23 +152,7 @@ class RealtimeConfig:
     def start_message(self) -> str:
         """The native ``start`` this session opens (words and partials always: the
         speech_started event and the cut of a clear need them)."""
-        start: dict[str, Any] = {
-            "type": "start",
-            "model": self.model,
-            "encoding": "pcm_s16le",
-            "sample_rate": 16000,
-            "channels": 1,
-            "interim_results": True,
-            "word_timestamps": True,
-        }
-        if self.language is not None:
-            start["language"] = self.language
-        return _DUMPS(start)
-
-
-def _quote(text: str, limit: int = 48) -> str:
-    shown = json.dumps(text, ensure_ascii=True)
-    return shown if len(shown) <= limit else shown[: limit - 4] + '..."'
+        return native_start(self.model, self.language)
 
 
 def parse_realtime_query(query: bytes | str, *, default_model: str) -> RealtimeQuery:
@@ -186,11 +170,11 @@ def parse_realtime_query(query: bytes | str, *, default_model: str) -> RealtimeQ
     values: dict[str, str] = {}
     for name, value in pairs:
         if name in values:
-            raise QueryError(ErrorCode.DUPLICATE_FIELD, f"{_quote(name)} is given twice")
+            raise QueryError(ErrorCode.DUPLICATE_FIELD, f"{quote(name)} is given twice")
         if name not in ("intent", "model"):
             # api_key, token, key ...: credentials never travel in a URL here.
             raise QueryError(
-                ErrorCode.UNKNOWN_FIELD, f"the query parameter {_quote(name)} is not supported"
+                ErrorCode.UNKNOWN_FIELD, f"the query parameter {quote(name)} is not supported"
             )
         values[name] = value
     intent = values.get("intent")
@@ -201,7 +185,7 @@ def parse_realtime_query(query: bytes | str, *, default_model: str) -> RealtimeQ
         )
     model = values.get("model", default_model)
     if not MODEL_SLUG.fullmatch(model):
-        raise QueryError(ErrorCode.INVALID_MODEL, f"model {_quote(model)} is not a model id")
+        raise QueryError(ErrorCode.INVALID_MODEL, f"model {quote(model)} is not a model id")
     return RealtimeQuery(model=model)
 
 
@@ -233,7 +217,7 @@ def _turn_detection(value: object, param: str) -> dict[str, Any]:
     if kind != "server_vad":
         raise EventError(
             code="unsupported_turn_detection",
-            message=f"turn_detection type {_quote(str(kind))} is not supported: only server_vad",
+            message=f"turn_detection type {quote(str(kind))} is not supported: only server_vad",
             param=f"{param}.type",
         )
     for key, value_ in detection.items():
@@ -425,7 +409,7 @@ def session_object(config: RealtimeConfig, *, session_id: str, beta: bool) -> di
 
 def error_event(error: EventError, *, event_id: str, client_event_id: str | None) -> str:
     """OpenAI's ``error`` event for ``error``."""
-    return _DUMPS(
+    return DUMPS(
         {
             "type": "error",
             "event_id": event_id,
@@ -584,7 +568,7 @@ class RealtimeTranslator:
                 )
             raise EventError(
                 code="invalid_event_type",
-                message=f"unknown event type {_quote(kind)}",
+                message=f"unknown event type {quote(kind)}",
                 param="type",
             )
         except EventError as error:
@@ -789,7 +773,7 @@ class RealtimeTranslator:
     def _emit(self, message: dict[str, Any]) -> None:
         if self.closed:
             return
-        self._out.append(_DUMPS({"event_id": self._event_id(), **message}))
+        self._out.append(DUMPS({"event_id": self._event_id(), **message}))
 
 
 def _item(item_id: str, transcript: str | None) -> dict[str, Any]:
