@@ -3,9 +3,11 @@
 Each module turns one protocol's client messages into :class:`~talkies.protocol.StreamSession`
 inputs and the session's events into that protocol's messages. Like ``talkies/protocol``,
 nothing here does I/O, reads a clock, draws random numbers, spawns a thread, touches the
-environment or logs (the purity test in ``tests/test_dialect_deepgram_translator.py``): the request id and the creation time
-a protocol needs are handed in by the app layer (``talkies/app/dialects.py``), which also
-runs the translator over the same driver, admission, slots and limits as the native route.
+environment or logs (the purity test is in ``tests/test_dialect_deepgram_translator.py``): the
+request id and the creation time a protocol needs are handed in by the app layer
+(``talkies/app/dialects.py``, ``talkies/app/realtime.py``), which also runs the translator over
+the same driver, admission, slots and limits as the native route. ``common`` holds what both
+write alike.
 """
 
 from .deepgram import LISTEN_PATH, ListenError, ListenOptions, ListenTranslator, parse_listen_query
