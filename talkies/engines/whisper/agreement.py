@@ -53,7 +53,17 @@ from ...protocol import EngineFinal, EnginePartial
 from ...protocol.events import SAMPLE_RATE, Word
 from ..base import EngineUpdate
 from .config import MIN_DECODE_SAMPLES, RollingConfig, commit_samples
-from .rolling import DecodedWord, Decoder, DecodeRequest, choose_cut, drop_repeated_start
+from .rolling import (
+    DecodedWord,
+    Decoder,
+    DecodeRequest,
+    choose_cut,
+    drop_repeated_start,
+    language_to_lock,
+    pcm_samples,
+    transcript_text,
+    transcript_words,
+)
 
 __all__ = [
     "CONTEXT_SECONDS",
@@ -149,10 +159,7 @@ class AgreementRecognition:
     # -- Recognition -----------------------------------------------------------------------
 
     def accept(self, pcm: bytes) -> Sequence[EngineUpdate]:
-        data = self._carry + pcm
-        usable = len(data) - len(data) % 2
-        self._carry = data[usable:]
-        samples = np.frombuffer(data[:usable], dtype="<i2").astype(np.float32) / 32768.0
+        samples, self._carry = pcm_samples(self._carry, pcm)
         return self.accept_samples(samples)
 
     def accept_samples(
@@ -230,13 +237,9 @@ class AgreementRecognition:
         )
         decoded = self.decoder.decode(audio, request)
         self.decodes += 1
-        if (
-            self.language == "auto"
-            and self._locked_language is None
-            and decoded.language not in (None, "auto")
-            and (audio.size >= 3 * SAMPLE_RATE or self._offset > 0)
-        ):
-            self._locked_language = decoded.language  # as in :mod:`.rolling`
+        self._locked_language = language_to_lock(
+            self.language, self._locked_language, decoded, samples=audio.size, offset=self._offset
+        )
         seconds = self._offset / SAMPLE_RATE
         return tuple(w.shifted(seconds) for w in decoded.words)
 
@@ -317,12 +320,7 @@ class AgreementRecognition:
         self._undecoded = self._audio.size
 
     def _text(self, tail: Sequence[DecodedWord]) -> str:
-        return " ".join(w.text for w in (*self._committed, *tail))
+        return transcript_text(self._committed, tail)
 
     def _words(self, tail: Sequence[DecodedWord]) -> tuple[Word, ...]:
-        if not self.word_timestamps:
-            return ()
-        return tuple(
-            Word(word=w.text, start=w.start, end=w.end, confidence=w.probability)
-            for w in (*self._committed, *tail)
-        )
+        return transcript_words(self._committed, tail, timed=self.word_timestamps)

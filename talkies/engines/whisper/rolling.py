@@ -25,6 +25,10 @@ __all__ = [
     "WhisperRecognition",
     "choose_cut",
     "drop_repeated_start",
+    "language_to_lock",
+    "pcm_samples",
+    "transcript_text",
+    "transcript_words",
 ]
 
 
@@ -66,6 +70,45 @@ class Decoder(Protocol):
 
 
 # -- the policy -------------------------------------------------------------------------------
+
+
+def pcm_samples(carry: bytes, pcm: bytes) -> tuple[npt.NDArray[np.float32], bytes]:
+    """PCM16 bytes as float samples, and the odd byte left over for the next call."""
+    data = carry + pcm
+    usable = len(data) - len(data) % 2
+    samples = np.frombuffer(data[:usable], dtype="<i2").astype(np.float32) / 32768.0
+    return samples, data[usable:]
+
+
+def language_to_lock(
+    requested: str, locked: str | None, decoded: Decoded, *, samples: int, offset: int
+) -> str | None:
+    """The language an "auto" stream keeps from now on (``locked`` until one is found):
+    detection on a few seconds is reliable enough; per-window detection is not."""
+    if (
+        requested == "auto"
+        and locked is None
+        and decoded.language not in (None, "auto")
+        and (samples >= 3 * SAMPLE_RATE or offset > 0)
+    ):
+        return decoded.language
+    return locked
+
+
+def transcript_text(committed: Sequence[DecodedWord], tail: Sequence[DecodedWord]) -> str:
+    return " ".join(w.text for w in (*committed, *tail))
+
+
+def transcript_words(
+    committed: Sequence[DecodedWord], tail: Sequence[DecodedWord], *, timed: bool
+) -> tuple[Word, ...]:
+    """The committed and open words as the protocol's words (none unless ``timed``)."""
+    if not timed:
+        return ()
+    return tuple(
+        Word(word=w.text, start=w.start, end=w.end, confidence=w.probability)
+        for w in (*committed, *tail)
+    )
 
 
 def choose_cut(words: Sequence[DecodedWord], window: float, keep: float) -> tuple[float, int]:
@@ -216,10 +259,8 @@ class WhisperRecognition:
     # -- internals --------------------------------------------------------------------------
 
     def _samples(self, pcm: bytes) -> npt.NDArray[np.float32]:
-        data = self._carry + pcm
-        usable = len(data) - len(data) % 2
-        self._carry = data[usable:]
-        return np.frombuffer(data[:usable], dtype="<i2").astype(np.float32) / 32768.0
+        samples, self._carry = pcm_samples(self._carry, pcm)
+        return samples
 
     def _language(self) -> str:
         return self._locked_language or self.language
@@ -229,14 +270,9 @@ class WhisperRecognition:
     ) -> tuple[DecodedWord, ...]:
         request = DecodeRequest(language=self._language(), timestamps=timestamps, final=final)
         decoded = self.decoder.decode(audio, request)
-        if (
-            self.language == "auto"
-            and self._locked_language is None
-            and decoded.language not in (None, "auto")
-            and (audio.size >= 3 * SAMPLE_RATE or self._offset > 0)
-        ):
-            # Detection on a few seconds is reliable enough; per-window detection is not.
-            self._locked_language = decoded.language
+        self._locked_language = language_to_lock(
+            self.language, self._locked_language, decoded, samples=audio.size, offset=self._offset
+        )
         seconds = self._offset / SAMPLE_RATE
         words = tuple(w.shifted(seconds) for w in decoded.words)
         return drop_repeated_start(self._committed, words)
@@ -264,12 +300,7 @@ class WhisperRecognition:
         self._undecoded = 0
 
     def _text(self, tail: Sequence[DecodedWord]) -> str:
-        return " ".join(w.text for w in (*self._committed, *tail))
+        return transcript_text(self._committed, tail)
 
     def _words(self, tail: Sequence[DecodedWord]) -> tuple[Word, ...]:
-        if not self.word_timestamps:
-            return ()
-        return tuple(
-            Word(word=w.text, start=w.start, end=w.end, confidence=w.probability)
-            for w in (*self._committed, *tail)
-        )
+        return transcript_words(self._committed, tail, timed=self.word_timestamps)

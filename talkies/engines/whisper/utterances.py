@@ -39,7 +39,7 @@ from ..base import EngineUpdate
 from ..runtime.vad import SpeechEnd, SpeechStart, VoiceActivity
 from .agreement import AgreementRecognition
 from .config import RollingConfig, commit_samples
-from .rolling import Decoder, WhisperRecognition
+from .rolling import Decoder, WhisperRecognition, pcm_samples
 
 __all__ = ["POLICIES", "UtteranceRecognition"]
 
@@ -95,10 +95,7 @@ class UtteranceRecognition:
     # -- Recognition -------------------------------------------------------------------------
 
     def accept(self, pcm: bytes) -> Sequence[EngineUpdate]:
-        data = self._carry + pcm
-        usable = len(data) - len(data) % 2
-        self._carry = data[usable:]
-        samples = np.frombuffer(data[:usable], dtype="<i2").astype(np.float32) / 32768.0
+        samples, self._carry = pcm_samples(self._carry, pcm)
         if samples.size == 0:
             return []
         base = self._heard - self._recent.size  # stream position of audio[0]
