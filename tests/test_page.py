@@ -11,12 +11,14 @@ written anyway when missing).
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import json
 import os
 import re
 import shutil
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -218,27 +220,42 @@ class Page:
     def models_loaded(self) -> None:
         self.wait(f"document.getElementById('live-model').value === {DEFAULT_MODEL!r}")
 
-    def live_transcript(self) -> dict[str, Any]:
-        """Start, wait until the partial shows the recording's words, Stop, wait for the end."""
+    def lines(self) -> list[list[str]]:
+        return list(
+            self.js(
+                "[...document.querySelectorAll('#lines li')]"
+                ".map(li => [li.className, li.textContent])"
+            )
+        )
+
+    def live_transcript(self, until: str = "partial") -> dict[str, Any]:
+        """Start, wait until the partial line (or the committed lines) show the recording's
+        words, Stop, wait for the end."""
+
+        def shown() -> bool:
+            if until == "lines":
+                return words(" ".join(text for _, text in self.lines())) == GOFORWARD
+            return any(words(text) == GOFORWARD for text, _ in self.js("window.__partials"))
+
+        closed = self.js("window.__ws.closes.length")
         self.page.click("#start")
         deadline = time.monotonic() + 60
-        while not any(words(text) == GOFORWARD for text, _ in self.js("window.__partials")):
+        while not shown():
             assert time.monotonic() < deadline, (
                 self.js("window.__partials"),
                 self.text("#live-status"),
             )
-            assert self.js("window.__ws.closes.length") == 0, self.text("#live-status")
+            assert self.js("window.__ws.closes.length") == closed, self.text("#live-status")
             time.sleep(0.1)
         self.page.click("#stop")
         self.wait(
-            "window.__ws.closes.length === 1 && !document.getElementById('start').disabled", 60
+            f"window.__ws.closes.length === {closed + 1}"
+            " && !document.getElementById('start').disabled",
+            60,
         )
         return {
             "partials": self.js("window.__partials"),
-            "lines": self.js(
-                "[...document.querySelectorAll('#lines li')]"
-                ".map(li => [li.className, li.textContent])"
-            ),
+            "lines": self.lines(),
             "status": self.text("#live-status"),
             "status_class": self.class_of("live-status"),
             "stats": self.text("#stats"),
@@ -388,9 +405,129 @@ def test_live_transcript_with_a_token(token_server: RunningServer, page_on: Any)
     assert all("401" in p for p in tab.problems), tab.problems
 
 
-def test_unknown_model_gets_the_4404_message(open_server: RunningServer, page_on: Any) -> None:
+REALTIME_EVENTS = "conversation.item.input_audio_transcription."
+
+
+def _mint_secret(server: RunningServer, session: dict[str, Any]) -> str:
+    """What a deployment's backend does: a client secret minted with the server's token."""
+    request = urllib.request.Request(
+        server.http + "/v1/realtime/client_secrets",
+        data=json.dumps({"session": session}).encode(),
+        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request) as response:
+        secret = str(json.load(response)["value"])
+    assert secret.startswith("ek_") and TOKEN not in secret
+    return secret
+
+
+def _session_update(transcription: dict[str, str]) -> dict[str, Any]:
+    audio_input = {
+        "format": {"type": "audio/pcm", "rate": 24000},
+        "transcription": transcription,
+        "turn_detection": {"type": "server_vad"},
+    }
+    return {
+        "type": "session.update",
+        "session": {"type": "transcription", "audio": {"input": audio_input}},
+    }
+
+
+def test_realtime_mode_with_an_ephemeral_secret(token_server: RunningServer, page_on: Any) -> None:
+    """Issue 22: the page speaks OpenAI Realtime (`/v1/realtime`) given only an ephemeral
+    client secret, minted with the token by someone else (a backend; here the test)."""
+    minted = {"type": "transcription", "audio": {"input": {"transcription": {"language": "en"}}}}
+    secret = _mint_secret(token_server, minted)
+    tab = page_on(token_server)
+    tab.wait("document.getElementById('server-status').textContent !== 'Loading the model list…'")
+    tab.page.fill("#token", secret)
+    tab.page.click("#token-form button")
+    tab.page.select_option("#protocol", "realtime")
+    # A secret cannot list the models: the picker offers the secret's session as it is.
+    tab.wait("document.querySelector('#live-model option')?.value === ''")
+    assert tab.values("#live-model option") == [""]
+    assert "client secret" in tab.text("#server-status")
+    assert tab.js("sessionStorage.getItem('talkies.token')") is None  # single use: not kept
+    assert not tab.js("document.getElementById('language-field').hidden")
+
+    result = tab.live_transcript(until="lines")
+
+    # Each item's delta showed on the partial line, then its `completed` transcript as a line.
+    ws = result["ws"]
+    events = [json.loads(m) for m in ws["received"] if m is not None]
+    completed = [e["transcript"] for e in events if e["type"] == REALTIME_EVENTS + "completed"]
+    assert words(" ".join(completed)) == GOFORWARD, completed
+    assert result["lines"] == [["completed", t.strip()] for t in completed if t.strip()]
+    deltas = [e["delta"] for e in events if e["type"] == REALTIME_EVENTS + "delta"]
+    assert "".join(deltas) == "".join(completed)  # one delta per item here, at its endpoint
+    assert [text for text, _ in result["partials"] if text] == [d for d in deltas if d.strip()]
+    assert [t for t, _ in result["partials"]][-1] == ""
+    assert result["status"] == "Session finished." and "ok" in result["status_class"]
+    assert max(result["levels"]) > 0.5 and result["levels"][-1] == 0
+    # The wire: /v1/realtime, the secret as the key subprotocol, the token nowhere.
+    assert len(ws["urls"]) == 1
+    url = urllib.parse.urlsplit(ws["urls"][0])
+    assert (url.path, url.query) == ("/v1/realtime", "intent=transcription")
+    assert ws["protocols"] == [["realtime", f"openai-insecure-api-key.{secret}"]]
+    assert TOKEN not in json.dumps(ws)
+    # The GA session update (the model and language left to the secret's session), then
+    # 20 ms appends of 24 kHz PCM16.
+    assert json.loads(ws["sent"][0]) == _session_update({})
+    appends = [json.loads(m) for m in ws["sent"][1:]]
+    assert appends and {a["type"] for a in appends} == {"input_audio_buffer.append"}
+    assert {len(base64.b64decode(a["audio"])) for a in appends} == {960}
+    assert events[0]["type"] == "session.created"
+    updated = next(e for e in events if e["type"] == "session.updated")
+    transcription = updated["session"]["audio"]["input"]["transcription"]
+    assert (transcription["model"], transcription["language"]) == (DEFAULT_MODEL, "en")
+    assert ws["closes"] == [1000]
+
+    # The secret is spent: a second session with it is refused, and the page says why.
+    tab.page.click("#start")
+    tab.wait("window.__ws.closes.length === 2 && !document.getElementById('start').disabled")
+    assert tab.js("window.__ws.closes") == [1000, 4401]
+    assert "did not accept the client secret" in tab.text("#live-status")
+    assert "error" in tab.class_of("live-status")
+
+    # Given the token, the page mints a secret for each Realtime session itself: the token
+    # still never goes over the WebSocket.
+    tab.page.fill("#token", TOKEN)
+    tab.page.click("#token-form button")
+    tab.models_loaded()
+    tab.page.fill("#language", "en")
+    tab.page.click("#clear")
+    started = "window.__ws.received.filter(m => m && m.includes('speech_started')).length"
+    before = tab.js(started)
+    tab.page.click("#start")
+    # Stop in mid-utterance: the page appends a second of silence, so that the server's voice
+    # detection ends the open item, and closes once that item is completed.
+    tab.wait(f"{started} > {before}")
+    tab.page.click("#stop")
+    tab.wait("window.__ws.closes.length === 3 && !document.getElementById('start').disabled", 30)
+    ws = tab.js("window.__ws")
+    assert ws["closes"] == [1000, 4401, 1000]
+    assert tab.text("#live-status") == "Session finished."
+    assert len(tab.lines()) == 1 and words(tab.lines()[0][1])[:1] == ["go"], tab.lines()
+    url = urllib.parse.urlsplit(ws["urls"][2])
+    assert (url.path, url.query) == ("/v1/realtime", f"intent=transcription&model={DEFAULT_MODEL}")
+    realtime, key = ws["protocols"][2]
+    assert realtime == "realtime" and key.startswith("openai-insecure-api-key.ek_")
+    assert key.removeprefix("openai-insecure-api-key.") != secret
+    assert TOKEN not in json.dumps(ws)
+    updates = [m for m in ws["sent"] if isinstance(m, str) and "session.update" in m]
+    assert json.loads(updates[-1]) == _session_update({"model": DEFAULT_MODEL, "language": "en"})
+    # The problems are the page's own 401s for the model list, nothing else.
+    assert all("401" in p for p in tab.problems), tab.problems
+
+
+@pytest.mark.parametrize("protocol", ["talkies", "realtime"])
+def test_unknown_model_gets_the_4404_message(
+    open_server: RunningServer, page_on: Any, protocol: str
+) -> None:
     tab = page_on(open_server)
     tab.models_loaded()
+    tab.page.select_option("#protocol", protocol)
     # A model that was in the list when the page loaded and has gone from the server since.
     tab.js(
         "(() => { const s = document.getElementById('live-model');"
@@ -402,7 +539,12 @@ def test_unknown_model_gets_the_4404_message(open_server: RunningServer, page_on
     status = tab.text("#live-status")
     assert "The server has no model “gone-model”" in status and "unknown_model" in status, status
     assert "error" in tab.class_of("live-status")
-    assert tab.js("window.__ws.sent.length") == 1  # the start message; no audio before ready
+    if protocol == "talkies":
+        assert tab.js("window.__ws.sent.length") == 1  # the start; no audio before ready
+    else:  # OpenAI's error event came first, and the page showed the native close's message
+        errors = [m for m in tab.js("window.__ws.received") if m and '"type":"error"' in m]
+        assert [json.loads(m)["error"]["code"] for m in errors] == ["unknown_model"]
+        assert tab.js("window.__ws.protocols") == [["realtime"]]
     assert not tab.problems, tab.problems
 
 
