@@ -1,10 +1,11 @@
 """The Realtime translator and the native session, wired as the app wires them, in memory.
 
 :class:`RealtimePair` is what ``talkies/app/realtime.py`` does around the two pure halves,
-minus the sockets and the resampler: ``session.created`` first, client reads through
-:meth:`~talkies.dialects.RealtimeTranslator.client` into the session, the audio held until
-the native ``ready`` delivered then, every ``Send`` of the session back through
-:meth:`~talkies.dialects.RealtimeTranslator.session`. The fuzz harness
+minus the sockets and the resampler: ``session.created`` first, then fuzz/_dialect.py's
+:class:`~fuzz._dialect.DialectPair` (client reads through
+:meth:`~talkies.dialects.RealtimeTranslator.client` into the session, every ``Send`` of the
+session back through :meth:`~talkies.dialects.RealtimeTranslator.session`), with the audio
+held until the native ``ready`` delivered then. The fuzz harness
 (fuzz/fuzz_realtime.py), the hypothesis tests and the executed docs table
 (tests/test_dialect_realtime_*.py) all drive it, and :func:`check_event` is their one oracle
 of an event's shape.
@@ -12,33 +13,16 @@ of an event's shape.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from talkies.dialects.realtime import ClientInput, RealtimeConfig, RealtimeTranslator, event_limit
-from talkies.protocol import (
-    AudioBatch,
-    Close,
-    ErrorCode,
-    Input,
-    Open,
-    PeerGone,
-    Refused,
-    Send,
-    SessionLimits,
-    State,
-    StreamSession,
-)
+from fuzz._dialect import DIALECT_LIMITS, DialectPair
+from talkies.dialects.realtime import RealtimeConfig, RealtimeTranslator, event_limit
+from talkies.protocol import AudioBatch, Input, Refused
 
 __all__ = ["REALTIME_LIMITS", "RealtimePair", "check_event"]
 
-REALTIME_LIMITS = SessionLimits(
-    max_frame_bytes=4096,
-    max_duration_seconds=30.0,
-    idle_timeout_seconds=10.0,
-    start_timeout_seconds=5.0,
-)
+REALTIME_LIMITS = DIALECT_LIMITS
 
 _ITEM_EVENTS = {
     "input_audio_buffer.speech_started",
@@ -58,18 +42,14 @@ _KINDS = _ITEM_EVENTS | {
     "conversation.item.done",
     "error",
 }
-_CODES = {code.value for code in ErrorCode}
 
 
 @dataclass
-class RealtimePair:
+class RealtimePair(DialectPair):
     """A translator and a session, driven like one ``/v1/realtime`` connection."""
 
     config: RealtimeConfig
-    now: float = 0.0
     events: list[dict[str, Any]] = field(default_factory=list)
-    close_code: int | None = None
-    opened: bool = False  # the session asked for an engine stream
     fed: list[bytes] = field(default_factory=list)  # the audio frames the session was given
     refusal: Refused | None = None  # the upgrade's refusal, delivered before anything is read
 
@@ -80,37 +60,18 @@ class RealtimePair:
             max_event_bytes=event_limit(REALTIME_LIMITS.max_frame_bytes),
             max_frame_bytes=REALTIME_LIMITS.max_frame_bytes,
         )
-        self.session = StreamSession(REALTIME_LIMITS, now=self.now)
+        self.session = self._new_session()
         if self.refusal is not None:  # as StreamRoute.serve delivers a dialect's refusal
             self._handle(self.refusal)
         self.translator.connected()  # said nothing once the refusal closed the connection
         self._collect()
 
-    @property
-    def closed(self) -> bool:
-        return self.session.state is State.CLOSED
-
-    def client(self, batch: list[ClientInput]) -> None:
-        """One read of client messages, as the channel gives them."""
-        inputs = self.translator.client(batch)
-        self._collect()
-        for item in inputs:
-            self._handle(item)
-        self._deliver_held()
-
-    def engine(self, item: Input) -> None:
-        """An engine answer or a transport fact (EngineOpened, EnginePartial, Tick, ...)."""
-        self._handle(item)
-        self._deliver_held()
-
-    def finish(self) -> None:
-        self._handle(PeerGone())
-
     def audio(self) -> bytes:
         """The 24 kHz audio the session was given (the app resamples it on the way)."""
         return b"".join(self.fed)
 
-    def _deliver_held(self) -> None:
+    def _settle(self) -> None:
+        """The audio held until the native ``ready``, delivered then."""
         if self.translator.streaming and not self.closed:
             for item in self.translator.held():
                 self._handle(item)
@@ -118,34 +79,22 @@ class RealtimePair:
     def _handle(self, item: Input) -> None:
         if isinstance(item, AudioBatch):
             self.fed.extend(item.frames)
-        self.session.handle(item, self.now)
-        for action in self.session.pull_actions():
-            if isinstance(action, Send):
-                self.translator.session(action.event.to_json())
-                self._collect()
-            elif isinstance(action, Open):
-                self.opened = True
-            elif isinstance(action, Close):
-                assert self.close_code is None, "closed twice"
-                self.close_code = int(action.code)
-                self.translator.closing()
+        super()._handle(item)
 
-    def _collect(self) -> None:
-        for text in self.translator.pull_messages():
-            event = json.loads(text)
-            check_event(event)
-            assert self.close_code is None, f"{event['type']} after the close"
-            self.events.append(event)
+    def _received(self, event: dict[str, Any]) -> None:
+        check_event(event)
+        self.events.append(event)
 
     def items(self) -> dict[str, tuple[str, str | None]]:
-        """Each committed item's (concatenated deltas, completed transcript or None)."""
+        """Each item's (concatenated deltas, completed transcript or None)."""
         out: dict[str, tuple[str, str | None]] = {}
         for event in self.events:
             kind = event["type"]
             if kind == "input_audio_buffer.committed":
-                out[event["item_id"]] = ("", None)
+                out.setdefault(event["item_id"], ("", None))
             elif kind == "conversation.item.input_audio_transcription.delta":
-                joined, done = out[event["item_id"]]
+                # (deltas of a stable prefix come before the item is committed)
+                joined, done = out.get(event["item_id"], ("", None))
                 assert done is None, "a delta after completed"
                 out[event["item_id"]] = (joined + event["delta"], None)
             elif kind == "conversation.item.input_audio_transcription.completed":

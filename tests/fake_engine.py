@@ -132,10 +132,12 @@ class FakeProvider:
         if behaviour.fail_on_open:
             raise RuntimeError("model file missing")
         await anyio.sleep(behaviour.open_delay)
-        self.stats.opened += 1
-        return ThreadedStream(
-            EnergyRecognition(behaviour, self.stats), max_buffered_bytes=self._max
-        )
+
+        def create() -> Recognition:  # (again at each cut: the runtime closes the old one)
+            self.stats.opened += 1
+            return EnergyRecognition(behaviour, self.stats)
+
+        return ThreadedStream(create(), max_buffered_bytes=self._max, create=create)
 
 
 def speech(seconds: float, amplitude: int = 3000) -> bytes:

@@ -11,6 +11,7 @@ from talkies.protocol import (
     AudioBatch,
     AuthRejected,
     BinaryReceived,
+    CutRequested,
     EngineEndpoint,
     EngineFailed,
     EngineFinal,
@@ -101,10 +102,16 @@ def client_messages(draw: st.DrawFn) -> list[Input]:
 # value no runtime sends (NaN, negative, infinite), into a valid event.
 lags = st.one_of(st.none(), st.floats(0, 30), st.floats(allow_nan=True, allow_infinity=True))
 
+# A partial's stable prefix: any count, even past the text (the session clamps it).
+stables = st.one_of(st.none(), st.integers(-2, 40))
+partials = st.builds(EnginePartial, text=transcripts, words=words, lag=lags, stable=stables)
+endpoints = st.builds(EngineEndpoint, text=transcripts, words=words, lag=lags, cut=st.booleans())
+
 driver_inputs = st.one_of(
     st.just(EngineOpened()),
-    st.builds(EnginePartial, text=transcripts, words=words, lag=lags),
-    st.builds(EngineEndpoint, text=transcripts, words=words, lag=lags),
+    st.just(CutRequested()),
+    partials,
+    endpoints,
     st.builds(EngineFinal, text=transcripts, words=words, lag=lags),
     st.builds(EngineFailed, detail=st.text(max_size=10)),
     st.builds(Refused, code=st.sampled_from(list(ErrorCode)), detail=st.text(max_size=10)),
@@ -152,10 +159,9 @@ def representative(kind: InputKind) -> st.SearchStrategy[Input]:
             lambda frames: AudioBatch(frames=tuple(frames))
         ),
         InputKind.ENGINE_OPENED: st.just(EngineOpened()),
-        InputKind.ENGINE_PARTIAL: st.builds(EnginePartial, text=transcripts, words=words, lag=lags),
-        InputKind.ENGINE_ENDPOINT: st.builds(
-            EngineEndpoint, text=transcripts, words=words, lag=lags
-        ),
+        InputKind.CUT: st.just(CutRequested()),
+        InputKind.ENGINE_PARTIAL: partials,
+        InputKind.ENGINE_ENDPOINT: endpoints,
         InputKind.ENGINE_FINAL: st.builds(EngineFinal, text=transcripts, words=words, lag=lags),
         InputKind.ENGINE_FAILED: st.builds(EngineFailed, detail=st.text(max_size=10)),
         InputKind.REFUSED: st.builds(

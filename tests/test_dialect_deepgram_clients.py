@@ -79,9 +79,22 @@ async def _deepgram_sdk(host: HttpHost, pcm: bytes) -> tuple[str, list[Any]]:
     return " ".join(finals), messages
 
 
+def push_pcm(stream: Any, pcm: bytes, rate: int, chunk: int) -> None:
+    """Mono PCM16 into a LiveKit STT stream, in frames of ``chunk`` bytes, then its end."""
+    from livekit import rtc
+
+    for i in range(0, len(pcm), chunk):
+        data = pcm[i : i + chunk]
+        frame = rtc.AudioFrame(
+            data=data, sample_rate=rate, num_channels=1, samples_per_channel=len(data) // 2
+        )
+        stream.push_frame(frame)
+    stream.flush()
+    stream.end_input()
+
+
 async def _livekit(host: HttpHost, pcm: bytes) -> str:
     import aiohttp
-    from livekit import rtc
     from livekit.agents import stt as agents_stt
     from livekit.plugins import deepgram
 
@@ -95,19 +108,7 @@ async def _livekit(host: HttpHost, pcm: bytes) -> str:
             sample_rate=16000,
         )
         stream = stt.stream()
-        samples = CHUNK // 2
-        for i in range(0, len(pcm), CHUNK):
-            chunk = pcm[i : i + CHUNK]
-            stream.push_frame(
-                rtc.AudioFrame(
-                    data=chunk,
-                    sample_rate=16000,
-                    num_channels=1,
-                    samples_per_channel=min(samples, len(chunk) // 2),
-                )
-            )
-        stream.flush()
-        stream.end_input()
+        push_pcm(stream, pcm, 16000, CHUNK)
         finals: list[str] = []
         async with asyncio.timeout(120):
             async for event in stream:

@@ -86,6 +86,9 @@ def run_script(script: str) -> tuple[list[dict[str, Any]], int | None]:
         elif verb == "tick":
             pair.now += float(arg)
             pair.engine(Tick())
+        elif verb == "cut":  # the engine's answer to a cut (a Finalize)
+            text, words = _words(tokens)
+            pair.engine(EngineEndpoint(text=text, words=words, cut=True))
         elif verb in ("partial", "endpoint", "final"):
             text, words = _words(tokens)
             kind = {"partial": EnginePartial, "endpoint": EngineEndpoint, "final": EngineFinal}

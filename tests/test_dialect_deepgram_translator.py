@@ -187,25 +187,30 @@ def utterances(draw: st.DrawFn) -> list[Word]:
 def test_finalize_anywhere_sends_every_word_final_exactly_once(
     words: list[Word], data: st.DataObject, timed: bool
 ) -> None:
-    """Partials grow word by word (each may revise nothing); Finalize after any of them; then
-    an endpoint or CloseStream's final ends the utterance: the final words, in order, are
-    exactly the utterance's."""
+    """Partials grow word by word; a Finalize after any of them is a cut, which the engine
+    answers (as the runtime does) with the words since the last cut, and starts afresh; an
+    endpoint or CloseStream's final ends the rest: the final words, in order, are exactly the
+    utterance's, and each Finalize has its one ``from_finalize`` answer."""
     pair = ListenPair(OPTIONS)
     pair.engine(EngineOpened())
     finalize_after = data.draw(st.sets(st.integers(0, len(words))))
     ending = data.draw(st.sampled_from(["endpoint", "final"]))
+    since = 0  # where the engine's current utterance began (the last cut)
 
     def shown(n: int) -> tuple[str, tuple[Word, ...]]:
-        prefix = tuple(words[:n])
-        return " ".join(w.word for w in prefix), prefix if timed else ()
+        part = tuple(words[since:n])
+        return " ".join(w.word for w in part), part if timed else ()
 
     for n in range(len(words) + 1):
-        if n:
+        if n > since:
             text, shown_words = shown(n)
             pair.client([AudioBatch(frames=(b"\x00\x00" * 320,))])
             pair.engine(EnginePartial(text=text, words=shown_words))
         if n in finalize_after:
             pair.client([TextReceived(data='{"type":"Finalize"}')])
+            text, shown_words = shown(n)
+            pair.engine(EngineEndpoint(text=text, words=shown_words, cut=True))
+            since = n
     text, shown_words = shown(len(words))
     if ending == "endpoint":
         pair.engine(EngineEndpoint(text=text, words=shown_words))
@@ -222,6 +227,7 @@ def test_finalize_anywhere_sends_every_word_final_exactly_once(
         assert [w["word"] for w in pair.finals()] == [w.word for w in words]
     finalized = [m for m in pair.messages if m["type"] == "Results" and m["from_finalize"]]
     assert len(finalized) == len(finalize_after)
+    assert not any(m["speech_final"] for m in finalized)
     if ending == "final":
         assert pair.messages[-1]["type"] == "Metadata" and pair.close_code == 1000
 
@@ -256,6 +262,7 @@ def test_every_kind_of_message_validates_with_the_sdk_models() -> None:
     pair.engine(EnginePartial(text="Hello,", words=(word,)))
     pair.engine(EngineEndpoint(text="Hello,", words=(word,)))
     pair.client([TextReceived(data='{"type":"Finalize"}')])
+    pair.engine(EngineEndpoint(text="", words=(), cut=True))  # the runtime's answer
     pair.client([TextReceived(data='{"type":"CloseStream"}')])
     pair.engine(EngineFinal(text="", words=()))
     kinds = [m["type"] for m in pair.messages]

@@ -128,10 +128,14 @@ def run_script(script: str) -> tuple[list[dict[str, Any]], int | None]:
         elif verb == "tick":
             pair.now += float(arg)
             pair.engine(Tick())
-        elif verb in ("partial", "endpoint"):
+        elif verb == "partial":  # ``stable=N``: the first N words will not change
+            stable = [int(t.removeprefix("stable=")) for t in tokens if t.startswith("stable=")]
+            text, words = _words([t for t in tokens if not t.startswith("stable=")])
+            count = len(" ".join(text.split()[: stable[0]])) if stable else None
+            pair.engine(EnginePartial(text=text, words=words, stable=count))
+        elif verb in ("endpoint", "cut"):  # cut: the engine's answer to a cut
             text, words = _words(tokens)
-            kind = EnginePartial if verb == "partial" else EngineEndpoint
-            pair.engine(kind(text=text, words=words))
+            pair.engine(EngineEndpoint(text=text, words=words, cut=verb == "cut"))
         elif verb == "fail":
             pair.engine(EngineFailed(detail="the speech engine failed"))
         elif verb == "refuse":

@@ -12,72 +12,24 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import os
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
-from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
-from .conftest import run_server
+from .dialect_wire import Host, host_fixture
+from .dialect_wire import closed as _closed
 from .fake_engine import silence, speech
-from .test_dialect_deepgram_wire import _free_port
 from .wire import ws_connect
 
-ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "tok"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 QUERY = "intent=transcription&model=tiny-test"
 
-
-@dataclass
-class Host:
-    name: str
-    base: str  # host:port
-
-    def url(self, query: str = QUERY) -> str:
-        return f"ws://{self.base}/v1/realtime?{query}"
-
-
-@pytest.fixture(params=["standalone", "uvicorn"], scope="module")
-def host(request: pytest.FixtureRequest) -> Iterator[Host]:
-    if request.param == "standalone":
-        with run_server(auth_token=TOKEN, stream_max_connections=2) as running:
-            yield Host("standalone", f"127.0.0.1:{running.port}")
-        return
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TALKIES_")}
-    env |= {
-        "PYTHONPATH": str(ROOT),
-        "TALKIES_AUTH_TOKEN": TOKEN,
-        "TALKIES_STREAM_MAX_CONNECTIONS": "2",
-    }
-    command = [sys.executable, "-m", "uvicorn", "tests.asgi_app:app", "--host", "127.0.0.1"]
-    command += ["--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen(command, cwd=ROOT, env=env)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, "uvicorn exited"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.1)
-        yield Host("uvicorn", f"127.0.0.1:{port}")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+host = host_fixture("/v1/realtime", QUERY, auth_token=TOKEN, stream_max_connections=2)
 
 
 def _at_24k(pcm16k: bytes) -> bytes:
@@ -105,15 +57,6 @@ def _until(ws: ClientConnection, kind: str, timeout: float = 10) -> list[dict[st
         events.append(_recv(ws, timeout))
         if events[-1]["type"] == kind:
             return events
-
-
-def _closed(ws: ClientConnection, timeout: float = 10) -> tuple[list[dict[str, Any]], int | None]:
-    events: list[dict[str, Any]] = []
-    try:
-        while True:
-            events.append(_recv(ws, timeout))
-    except ConnectionClosed as closed:
-        return events, closed.rcvd.code if closed.rcvd else None
 
 
 GA_UPDATE = {
@@ -205,23 +148,23 @@ def test_beta_session_answers_in_beta(host: Host) -> None:
     assert events[-1]["transcript"] == "w1 w2"
 
 
-def test_refused_settings_and_commit_are_error_events_not_closes(host: Host) -> None:
+def test_refused_settings_and_an_empty_commit_are_error_events_not_closes(host: Host) -> None:
     ws = ws_connect(host.url(), additional_headers=AUTH)
     _recv(ws)
-    manual = json.loads(json.dumps(GA_UPDATE))
-    manual["session"]["audio"]["input"]["turn_detection"] = None
-    ws.send(json.dumps(manual))
+    semantic = json.loads(json.dumps(GA_UPDATE))
+    semantic["session"]["audio"]["input"]["turn_detection"] = {"type": "semantic_vad"}
+    ws.send(json.dumps(semantic))
     error = _recv(ws)
     assert error["type"] == "error"
     assert error["error"]["code"] == "unsupported_turn_detection"
-    assert error["error"]["param"] == "session.audio.input.turn_detection"
+    assert error["error"]["param"] == "session.audio.input.turn_detection.type"
     ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "x": 1}}))
     assert _recv(ws)["error"]["code"] == "unknown_parameter"
     ws.send(json.dumps(GA_UPDATE))
     assert _recv(ws)["type"] == "session.updated"
     ws.send(json.dumps({"type": "input_audio_buffer.commit", "event_id": "c1"}))
     error = _recv(ws)
-    assert error["error"]["code"] == "manual_commit_not_supported"
+    assert error["error"]["code"] == "input_audio_buffer_commit_empty"  # nothing appended
     assert error["error"]["event_id"] == "c1"
     ws.send("not json")
     assert _recv(ws)["error"]["code"] == "invalid_json"

@@ -39,7 +39,14 @@ from ..dialects.deepgram import (
     parse_listen_query,
 )
 from ..engines.supply.builtin import DEFAULT_MODEL
-from ..protocol import SAMPLE_RATE, AudioBatch, BinaryReceived, Refused, SessionLimits
+from ..protocol import (
+    SAMPLE_RATE,
+    AudioBatch,
+    BinaryReceived,
+    CutRequested,
+    Refused,
+    SessionLimits,
+)
 from .driver import Channel, ClientMessage, DirectChannel
 
 __all__ = ["ListenChannel", "ListenDialect", "PcmResampler", "listen_admission"]
@@ -124,13 +131,18 @@ class PcmResampler:
     refuse (empty, an odd number of bytes, over ``TALKIES_STREAM_MAX_FRAME_BYTES``) is passed
     on as the client sent it, so it is refused with the native code; a resampled frame over
     the limit (upsampling) is split. Fragments of a message are joined first, up to the
-    limit.
+    limit. At a cut (a Realtime commit) the resampler gives what it holds before the cut and
+    starts again after it: the utterance before the cut gets all of its audio.
     """
 
     def __init__(self, rate: int, max_frame_bytes: int) -> None:
-        self._stream = soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="int16", quality="HQ")
+        self._rate = rate
+        self._stream = self._new_stream()
         self._max = max_frame_bytes
         self._parts = bytearray()
+
+    def _new_stream(self) -> soxr.ResampleStream:
+        return soxr.ResampleStream(self._rate, SAMPLE_RATE, 1, dtype="int16", quality="HQ")
 
     def convert(self, batch: list[ClientMessage]) -> list[ClientMessage]:
         out: list[ClientMessage] = []
@@ -151,6 +163,12 @@ class PcmResampler:
                     whole = bytes(self._parts) + item.data
                     self._parts.clear()
                     out.append(AudioBatch(frames=tuple(self._frame(whole))))
+            elif isinstance(item, CutRequested):
+                held = self.tail()
+                if held:
+                    out.append(AudioBatch(frames=tuple(held)))
+                self._stream = self._new_stream()
+                out.append(item)
             else:
                 out.append(item)
         return out

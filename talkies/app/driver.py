@@ -50,6 +50,8 @@ from ..protocol import (
     AudioBatch,
     BinaryReceived,
     Close,
+    Cut,
+    CutRequested,
     EngineEndpoint,
     EngineFailed,
     EngineOpened,
@@ -74,7 +76,7 @@ from .refusals import stream_refusal
 __all__ = ["Admit", "Channel", "ClientMessage", "DirectChannel", "StreamDriver"]
 
 # What a channel delivers: client messages (or fragments), and PeerGone last.
-ClientMessage = AudioBatch | TextReceived | BinaryReceived | PeerGone
+ClientMessage = AudioBatch | TextReceived | BinaryReceived | CutRequested | PeerGone
 
 # The route's admission of a stream whose start was accepted: the server-wide slot, or the
 # refusal to send instead (never queued for).
@@ -367,6 +369,9 @@ class StreamDriver:
             elif isinstance(action, Flush):
                 if self._stream is not None:
                     await self._stream.flush()
+            elif isinstance(action, Cut):
+                if self._stream is not None:
+                    await self._stream.cut()
             elif isinstance(action, Release):
                 self._release()
             elif isinstance(action, Close):

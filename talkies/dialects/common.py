@@ -7,7 +7,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["DUMPS", "native_start", "quote"]
+from ..protocol import AudioBatch, BinaryReceived, CutRequested, PeerGone, TextReceived
+
+__all__ = ["DUMPS", "ClientInput", "native_start", "quote"]
+
+# What a host's channel delivers, and what the native session is given back (the driver's
+# ClientMessage, declared here so that this package needs nothing of app/).
+ClientInput = AudioBatch | TextReceived | BinaryReceived | CutRequested | PeerGone
 
 # Compact JSON, non-ASCII kept, NaN refused: what the native session and both dialects send.
 DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode

@@ -13,11 +13,11 @@ stream with three text messages. This module is the whole translation, pure and 
   Deepgram messages (:meth:`~ListenTranslator.session`), pulled with
   :meth:`~ListenTranslator.pull_messages`.
 
-``Finalize`` (flush what was said so far, keep streaming) has no native message: it is answered
-here, from the latest hypothesis, with ``is_final`` and ``from_finalize``, and the words it
-finalized are cut from the rest of that utterance's results, by their times (by their count
-where the engine gives no times), so no word is sent final twice or lost. docs/dialects.md
-has the table of every message both ways; ``tests/test_dialect_deepgram_table.py`` runs it.
+``Finalize`` (flush what was said so far, keep streaming) is a native cut
+(:class:`~talkies.protocol.CutRequested`): the engine decodes exactly the audio sent before
+it and goes on in the same stream, and its answer (an ``endpoint`` marked ``cut``) is the
+``Results`` with ``is_final`` and ``from_finalize``. docs/dialects.md has the table of every
+message both ways; ``tests/test_dialect_deepgram_table.py`` runs it.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ from ..protocol import (
     MODEL_SLUG,
     AudioBatch,
     BinaryReceived,
+    CutRequested,
     ErrorCode,
-    PeerGone,
     TextReceived,
 )
-from .common import DUMPS, native_start, quote
+from .common import DUMPS, ClientInput, native_start, quote
 
 __all__ = [
     "END",
@@ -61,9 +61,6 @@ MAX_SAMPLE_RATE = 48000
 # The native end that CloseStream becomes (one object: the app flushes its resampler before it).
 END = TextReceived(data='{"type":"end"}')
 
-# What a host's channel delivers, and what the native session is given back (the driver's
-# ClientMessage, declared here so that this package needs nothing of app/).
-ClientInput = AudioBatch | TextReceived | BinaryReceived | PeerGone
 
 _MAX_QUERY_FIELDS = 64
 
@@ -298,9 +295,6 @@ class ListenTranslator:
         self._audio_bytes = 0  # audio passed on to the session
         self._audio_hash = hashlib.sha256()  # of that audio: Metadata's sha256
         self._segment_start = 0.0  # where the current (not yet final) results begin
-        self._hypothesis: tuple[str, tuple[_Word, ...]] = ("", ())  # after the cut
-        self._cut_end: float | None = None  # Finalize: words ending by here were sent final
-        self._cut_count = 0  # Finalize, for engines without word times: words sent final
         self._speaking = False  # SpeechStarted was sent for the open utterance
         self._last_word_end: float | None = None  # of words sent final since UtteranceEnd
         self._why: str | None = None  # the detail of the failure the session is about to send
@@ -373,23 +367,19 @@ class ListenTranslator:
         if kind == "Finalize":
             if self._ending:
                 return []
-            self._finalize()
-            return [AudioBatch(frames=())] if live else []
+            if live:
+                return [CutRequested()]  # answered by the cut's endpoint
+            self._finalize_nothing()
+            return []
         self._why = f"the message type {quote(kind)} is not supported on /v1/listen"
         renamed = kind if kind not in _NATIVE_TYPES else f"{kind}?"
         return [TextReceived(data=DUMPS({"type": renamed}))]
 
-    def _finalize(self) -> None:
+    def _finalize_nothing(self) -> None:
+        """A Finalize before the native ready: nothing was decoded yet, so nothing is final."""
         if self.closed:
             return  # after the session's last message: nothing more is said
-        text, words = self._hypothesis
-        now = self._audio_bytes / 32000
-        self._results(text, words, is_final=True, speech_final=False, from_finalize=True, end=now)
-        if words:
-            self._cut_end = words[-1].end
-        else:
-            self._cut_count += len(text.split())
-        self._hypothesis = ("", ())
+        self._results("", (), is_final=True, speech_final=False, from_finalize=True, end=0.0)
 
     # -- session -> client -------------------------------------------------------------------
 
@@ -432,11 +422,10 @@ class ListenTranslator:
         return out
 
     def _transcript(self, kind: str, event: dict[str, Any]) -> None:
-        text, words = self._after_cut(str(event["text"]), _words(event.get("words")))
+        text, words = str(event["text"]), _words(event.get("words"))
         end = float(event["audio_seconds"])
         options = self.options
         if kind == "partial":
-            self._hypothesis = (text, words)
             if options.vad_events and not self._speaking and (text or words):
                 self._speaking = True
                 start = words[0].start if words else self._segment_start
@@ -446,14 +435,14 @@ class ListenTranslator:
             if options.interim_results:
                 self._results(text, words, is_final=False, speech_final=False, end=end)
             return
-        speech_final = kind == "final" or options.endpointing
-        self._results(text, words, is_final=True, speech_final=speech_final, end=end)
+        finalize = event.get("cut") is True  # the answer to a Finalize
+        speech_final = not finalize and (kind == "final" or options.endpointing)
+        self._results(
+            text, words, is_final=True, speech_final=speech_final, end=end, from_finalize=finalize
+        )
         # A new utterance: the engine's next hypothesis starts afresh.
-        self._hypothesis = ("", ())
-        self._cut_end = None
-        self._cut_count = 0
         self._speaking = False
-        if kind == "endpoint" and options.utterance_end_ms is not None:
+        if kind == "endpoint" and not finalize and options.utterance_end_ms is not None:
             if self._last_word_end is not None:
                 self._emit(
                     {
@@ -463,18 +452,6 @@ class ListenTranslator:
                     }
                 )
             self._last_word_end = None
-
-    def _after_cut(self, text: str, words: tuple[_Word, ...]) -> tuple[str, tuple[_Word, ...]]:
-        """The part of an utterance's result that no Finalize has sent final yet."""
-        if self._cut_end is not None and words:
-            cut = self._cut_end
-            kept = tuple(w for w in words if (w.start + w.end) / 2 > cut)
-            return " ".join(w.word for w in kept), kept
-        if self._cut_count:
-            tokens = text.split()
-            kept_words = words[self._cut_count :] if words else ()
-            return " ".join(tokens[self._cut_count :]), kept_words
-        return text, words
 
     def _results(
         self,
@@ -517,12 +494,7 @@ class ListenTranslator:
             }
         )
         if is_final:
-            # After a Finalize, the next results start where its words ended: audio after
-            # them may still be decoding and belong to the open utterance.
-            if not from_finalize:
-                self._segment_start = end
-            elif words:
-                self._segment_start = max(start, words[-1].end)
+            self._segment_start = end
             if words:
                 self._last_word_end = words[-1].end
 

@@ -20,11 +20,17 @@ ways; ``tests/test_dialect_realtime_table.py`` runs it):
   The native stream is opened (its ``start``) by the first session update or the first
   append, whichever comes first; audio is held until the native ``ready``.
 
-Items follow the engine's endpoints (Vosk's, Whisper's VAD): an item's words may be revised
-until its endpoint, so its transcript's one ``delta`` comes at the endpoint, with exactly the
-``completed`` text. Manual commits (``turn_detection: null``, ``input_audio_buffer.commit``)
-need an engine flush that keeps the stream open, which the native session does not have:
-they are answered with an ``error`` event saying so (docs/dialects.md has the design).
+With server VAD (the default), items follow the engine's endpoints (Vosk's, Whisper's VAD).
+An item's ``delta`` events carry only text that will not be revised: the prefix of each
+partial the engine marks ``stable`` (Whisper), as it grows, and the rest at the endpoint, so
+the deltas of an item add up to exactly its ``completed`` text. Engines that promise no
+prefix (Vosk, sherpa) give one delta, at the endpoint.
+
+Manual commits (``turn_detection: null``): the client's ``input_audio_buffer.commit`` is the
+native :class:`~talkies.protocol.CutRequested` (the engine closes the utterance there and
+goes on, in the same stream and slot); the item is ``committed`` at once and its transcript
+(the engine's own endpoints since the last commit, then the cut's) comes with the cut's
+answer. A commit under server VAD cuts the open utterance the same way, ending its item.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qsl
@@ -41,11 +48,11 @@ from ..protocol import (
     MODEL_SLUG,
     AudioBatch,
     BinaryReceived,
+    CutRequested,
     ErrorCode,
-    PeerGone,
     TextReceived,
 )
-from .common import DUMPS, native_start, quote
+from .common import DUMPS, ClientInput, native_start, quote
 
 __all__ = [
     "CLIENT_SECRETS_PATH",
@@ -70,7 +77,6 @@ CLIENT_SECRETS_PATH = "/v1/realtime/client_secrets"
 INPUT_RATE = 24000  # the only PCM rate a Realtime session takes; resampled to 16 kHz by app/
 LOGPROBS = "item.input_audio_transcription.logprobs"
 
-ClientInput = AudioBatch | TextReceived | BinaryReceived | PeerGone
 
 _MAX_QUERY_FIELDS = 16
 _SERVER_VAD_DEFAULTS: dict[str, Any] = {
@@ -103,10 +109,7 @@ _CONVERSATION_EVENTS = frozenset(
         "output_audio_buffer.clear",
     }
 )
-MANUAL_COMMIT = (
-    "manual commit is not supported yet: items are committed by the server's voice detection "
-    "(turn_detection server_vad); see docs/dialects.md"
-)
+_MIN_COMMIT_BYTES = 2 * INPUT_RATE // 10  # 100 ms at 24 kHz: less is an empty buffer
 
 
 def event_limit(max_frame_bytes: int) -> int:
@@ -146,7 +149,10 @@ class RealtimeConfig:
     model: str
     language: str | None = None
     prompt: str = ""
-    turn_detection: dict[str, Any] = field(default_factory=lambda: dict(_SERVER_VAD_DEFAULTS))
+    # None: manual commits only (turn_detection null)
+    turn_detection: dict[str, Any] | None = field(
+        default_factory=lambda: dict(_SERVER_VAD_DEFAULTS)
+    )
     include: tuple[str, ...] = ()
 
     def start_message(self) -> str:
@@ -208,9 +214,9 @@ def _known(value: dict[str, Any], allowed: frozenset[str] | set[str], param: str
             )
 
 
-def _turn_detection(value: object, param: str) -> dict[str, Any]:
+def _turn_detection(value: object, param: str) -> dict[str, Any] | None:
     if value is None:
-        raise EventError(code="unsupported_turn_detection", message=MANUAL_COMMIT, param=param)
+        return None
     detection = _object(value, param)
     _known(detection, _SERVER_VAD_KEYS, param)
     kind = detection.get("type", "server_vad")
@@ -470,7 +476,7 @@ class RealtimeTranslator:
         self._max_frame = max(2, max_frame_bytes & ~1)
         self._out: list[str] = []
         self._text: bytearray | None = None
-        self._held: list[bytes] = []  # audio appended before the native ready
+        self._held: list[bytes | None] = []  # appended before the native ready (None: commit)
         self._events = 0
         self._items = 0
         self._item: str | None = None  # the open item (speech started), if any
@@ -480,6 +486,12 @@ class RealtimeTranslator:
         self._cut_end: float | None = None  # a clear: words ending by here are dropped
         self._cut_count = 0  # a clear, without word times: this many words dropped
         self._hypothesis: tuple[str, tuple[_Word, ...]] = ("", ())
+        self._sent = ""  # the open item's text sent in deltas so far (server VAD)
+        self._appended = 0  # bytes of audio appended since the last commit, clear or item
+        self._awaiting: deque[str | None] = deque()  # each cut's item (manual) or None (VAD)
+        self._parts: list[str] = []  # manual: the engine's endpoints since the last commit
+        self._commit_start = 0.0  # manual: where the next committed item's audio begins
+        self._previous_of: dict[str, str | None] = {}  # manual: each awaited item's previous
 
     # -- client -> session -------------------------------------------------------------------
 
@@ -514,9 +526,21 @@ class RealtimeTranslator:
         return out
 
     def held(self) -> list[ClientInput]:
-        """The audio appended before the native ready, once it came."""
-        frames, self._held = self._held, []
-        return [AudioBatch(frames=tuple(frames))] if frames else []
+        """The audio (and commits) appended before the native ready, once it came."""
+        out: list[ClientInput] = []
+        frames: list[bytes] = []
+        for frame in self._held:
+            if frame is not None:
+                frames.append(frame)
+                continue
+            if frames:
+                out.append(AudioBatch(frames=tuple(frames)))
+                frames = []
+            out.append(CutRequested())
+        self._held = []
+        if frames:
+            out.append(AudioBatch(frames=tuple(frames)))
+        return out
 
     def _text_part(self, item: TextReceived) -> list[ClientInput]:
         data = (
@@ -559,7 +583,7 @@ class RealtimeTranslator:
                 self._clear()
                 return self._activity()
             if kind == "input_audio_buffer.commit":
-                raise EventError(code="manual_commit_not_supported", message=MANUAL_COMMIT)
+                return self._commit() or self._activity()
             if kind in _CONVERSATION_EVENTS:
                 raise EventError(
                     code="unsupported_event",
@@ -618,6 +642,7 @@ class RealtimeTranslator:
             )
         if not pcm:
             return self._activity()
+        self._appended += len(pcm)
         step = self._max_frame
         frames = [pcm[i : i + step] for i in range(0, len(pcm), step)]
         opening = self._open()
@@ -626,15 +651,48 @@ class RealtimeTranslator:
             return opening
         return [AudioBatch(frames=tuple(frames))]
 
+    def _commit(self) -> list[ClientInput]:
+        if self._appended < _MIN_COMMIT_BYTES:
+            raise EventError(
+                code="input_audio_buffer_commit_empty",
+                message="buffer too small: expected at least 100ms of audio, but the buffer "
+                f"has {self._appended / (2 * INPUT_RATE / 1000):.2f}ms",
+            )
+        self._appended = 0
+        if self.config.turn_detection is None:
+            item, previous = self._new_item()
+            self._previous_of[item] = previous
+            self._emit(
+                {
+                    "type": "input_audio_buffer.committed",
+                    "previous_item_id": previous,
+                    "item_id": item,
+                }
+            )
+            self._emit_added(item, previous)
+            self._awaiting.append(item)
+        else:
+            self._awaiting.append(None)  # ends the open item as a pause would
+        if not self.streaming:
+            self._held.append(None)
+            return []
+        return [CutRequested()]
+
     def _clear(self) -> None:
         # The engine keeps what it heard; the words of the open utterance heard so far are
-        # dropped from its item (by their times, by their count without times).
+        # dropped from its item (by their times, by their count without times). Text already
+        # sent in deltas cannot be taken back: its item ends here, with that text.
         text, words = self._hypothesis
+        if self._item is not None and self._sent:
+            end = words[-1].end if words else self._item_start
+            self._finish(self._item, self._sent, "", end)
         if words:
             self._cut_end = words[-1].end
         else:
             self._cut_count += len(text.split())
         self._hypothesis = ("", ())
+        self._appended = 0
+        self._parts = []
         self._emit({"type": "input_audio_buffer.cleared"})
 
     def _refuse(self, error: EventError, client_id: str | None) -> None:
@@ -653,8 +711,13 @@ class RealtimeTranslator:
             self.streaming = True
         elif kind == "partial":
             self._partial(event)
+        elif kind == "endpoint" and event.get("cut") is True:
+            self._cut(event)
         elif kind in ("endpoint", "final"):
-            self._endpoint(event)
+            if self.config.turn_detection is None:
+                self._manual_endpoint(event, final=kind == "final")
+            else:
+                self._endpoint(event)
         elif kind == "stats":
             self.closed = True
         elif kind == "error":
@@ -697,10 +760,30 @@ class RealtimeTranslator:
         return text, words
 
     def _partial(self, event: dict[str, Any]) -> None:
-        text, words = self._after_cut(str(event["text"]).strip(), _words(event.get("words")))
+        raw = str(event["text"])
+        text, words = self._after_cut(raw.strip(), _words(event.get("words")))
         self._hypothesis = (text, words)
+        if self.config.turn_detection is None:
+            return  # manual: items begin at commits
         if self._item is None and text:
             self._speech_started(words[0].start if words else self._segment_start)
+        stable = event.get("stable")
+        if (
+            type(stable) is int
+            and self._item is not None
+            and self._cut_end is None
+            and not self._cut_count
+        ):
+            prefix = raw[:stable].strip()
+            if len(prefix) > len(self._sent) and prefix.startswith(self._sent):
+                self._delta(self._item, prefix[len(self._sent) :])
+                self._sent = prefix
+
+    def _new_item(self) -> tuple[str, str | None]:
+        self._items += 1
+        item = f"item_{self._suffix}_{self._items}"
+        previous, self._last_item = self._last_item, item
+        return item, previous
 
     def _speech_started(self, start: float) -> None:
         self._items += 1
@@ -720,41 +803,89 @@ class RealtimeTranslator:
         if self._item is None and text:
             self._speech_started(words[0].start if words else self._segment_start)
         item = self._item
-        self._segment_start = end
-        self._item = None
-        self._hypothesis = ("", ())
-        self._cut_end = None
-        self._cut_count = 0
+        self._next_utterance(end)
         if item is None:
             return  # an endpoint after no words: no item
+        sent = self._sent
+        if text.startswith(sent):
+            rest = text[len(sent) :]
+        else:  # (an engine that broke its promise: what was sent stays, then the new words)
+            extra = text.split()[len(sent.split()) :]
+            rest = " " + " ".join(extra) if extra and sent else " ".join(extra)
+        self._finish(item, sent + rest, rest, end)
+
+    def _finish(self, item: str, transcript: str, delta: str, end: float) -> None:
+        """A server-VAD item's end: stopped, committed, added, its last delta, completed."""
         previous, self._last_item = self._last_item, item
+        self._item = None
+        self._sent = ""
+        self._appended = 0
         self._emit(
             {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": _ms(end), "item_id": item}
         )
         self._emit(
             {"type": "input_audio_buffer.committed", "previous_item_id": previous, "item_id": item}
         )
+        self._emit_added(item, previous)
+        self._transcript(item, previous, transcript, delta, max(0.0, end - self._item_start))
+
+    def _next_utterance(self, end: float) -> None:
+        self._segment_start = end
+        self._hypothesis = ("", ())
+        self._cut_end = None
+        self._cut_count = 0
+
+    def _cut(self, event: dict[str, Any]) -> None:
+        """The answer to a commit: a manual item's transcript, or (server VAD) the open
+        item's end."""
+        item = self._awaiting.popleft() if self._awaiting else None
+        if item is None:
+            self._endpoint(event)
+            return
+        text, words = self._after_cut(str(event["text"]).strip(), _words(event.get("words")))
+        end = max(float(event["audio_seconds"]), words[-1].end if words else 0.0)
+        transcript = " ".join(part for part in (*self._parts, text) if part)
+        self._parts = []
+        self._next_utterance(end)
+        previous = self._previous_of.pop(item, None)
+        self._transcript(item, previous, transcript, transcript, max(0.0, end - self._commit_start))
+        self._commit_start = end
+
+    def _manual_endpoint(self, event: dict[str, Any], *, final: bool) -> None:
+        """Manual commits: the engine's own endpoints wait for the next commit's item (the
+        final, at the close, is audio no commit took: dropped, as OpenAI drops it)."""
+        text, words = self._after_cut(str(event["text"]).strip(), _words(event.get("words")))
+        end = max(float(event["audio_seconds"]), words[-1].end if words else 0.0)
+        if text and not final:
+            self._parts.append(text)
+        self._next_utterance(end)
+
+    def _emit_added(self, item: str, previous: str | None) -> None:
         added = "conversation.item.created" if self.beta else "conversation.item.added"
         self._emit({"type": added, "previous_item_id": previous, "item": _item(item, None)})
-        if text:
-            self._emit(
-                {
-                    "type": "conversation.item.input_audio_transcription.delta",
-                    "item_id": item,
-                    "content_index": 0,
-                    "delta": text,
-                }
-            )
+
+    def _delta(self, item: str, delta: str) -> None:
+        self._emit(
+            {
+                "type": "conversation.item.input_audio_transcription.delta",
+                "item_id": item,
+                "content_index": 0,
+                "delta": delta,
+            }
+        )
+
+    def _transcript(
+        self, item: str, previous: str | None, transcript: str, delta: str, seconds: float
+    ) -> None:
+        if delta:
+            self._delta(item, delta)
         self._emit(
             {
                 "type": "conversation.item.input_audio_transcription.completed",
                 "item_id": item,
                 "content_index": 0,
-                "transcript": text,
-                "usage": {
-                    "type": "duration",
-                    "seconds": round(max(0.0, end - self._item_start), 3),
-                },
+                "transcript": transcript,
+                "usage": {"type": "duration", "seconds": round(seconds, 3)},
             }
         )
         if not self.beta:
@@ -762,7 +893,7 @@ class RealtimeTranslator:
                 {
                     "type": "conversation.item.done",
                     "previous_item_id": previous,
-                    "item": _item(item, text),
+                    "item": _item(item, transcript),
                 }
             )
 

@@ -79,6 +79,9 @@ class Work:
     finish: bool
     events: list[EngineEvent] = field(default_factory=list)
     more: bool = False
+    # A cut (EngineStream.cut): after ``finish``, the round thread closes ``recognition`` and
+    # puts the new one ``renew()`` makes in its place; the stream goes on with that one.
+    renew: Callable[[], Recognition] | None = None
 
 
 class BatchRecognition(Recognition, Protocol):
@@ -162,6 +165,12 @@ class EngineStream(Protocol):
 
     async def flush(self) -> None:
         """Ask for the final result; ``events()`` ends with an EngineFinal."""
+        ...
+
+    async def cut(self) -> None:
+        """Close the utterance after the audio fed so far and go on: ``events()`` gives an
+        EngineEndpoint marked ``cut`` for it (the decoder's ``finish()``), word times in the
+        stream's time, and the stream keeps its slot and its model."""
         ...
 
     def events(self) -> AsyncIterator[EngineEvent]:

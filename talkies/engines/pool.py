@@ -123,6 +123,9 @@ class _PooledStream:
     async def flush(self) -> None:
         await self._inner.flush()
 
+    async def cut(self) -> None:
+        await self._inner.cut()
+
     def events(self) -> AsyncIterator[EngineEvent]:
         return self._inner.events()
 

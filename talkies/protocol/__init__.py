@@ -9,7 +9,7 @@ feeds a :class:`StreamSession` inputs with the current time and executes the act
         ...  # Open -> resolve the model, then session.handle(EngineOpened(), now=...)
 """
 
-from .actions import Action, Close, Feed, Flush, Open, Release, Send
+from .actions import Action, Close, Cut, Feed, Flush, Open, Release, Send
 from .errors import CloseCode, ErrorCode, ProtocolError
 from .events import (
     CHANNELS,
@@ -29,6 +29,7 @@ from .inputs import (
     AudioBatch,
     AuthRejected,
     BinaryReceived,
+    CutRequested,
     EngineEndpoint,
     EngineFailed,
     EngineFinal,
@@ -59,6 +60,8 @@ __all__ = [
     "BinaryReceived",
     "Close",
     "CloseCode",
+    "Cut",
+    "CutRequested",
     "Endpoint",
     "EngineEndpoint",
     "EngineFailed",

@@ -14,7 +14,7 @@ from .errors import CloseCode
 from .events import Event
 from .messages import StartOptions
 
-__all__ = ["Action", "Close", "Feed", "Flush", "Open", "Release", "Send"]
+__all__ = ["Action", "Close", "Cut", "Feed", "Flush", "Open", "Release", "Send"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,8 +56,14 @@ class Flush:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Cut:
+    """Close the engine's open utterance after what was fed, keep the stream; answer with an
+    EngineEndpoint marked ``cut`` (or EngineFailed)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Release:
     """Drop the engine stream and free its slot; results that still arrive are ignored."""
 
 
-Action = Send | Close | Open | Feed | Flush | Release
+Action = Send | Close | Open | Feed | Flush | Cut | Release

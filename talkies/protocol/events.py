@@ -133,16 +133,45 @@ class TranscriptEvent:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Partial(TranscriptEvent):
-    """A revisable hypothesis: it replaces the previous one, it is not appended."""
+    """A revisable hypothesis: it replaces the previous one, it is not appended.
+
+    ``stable`` is an extension like ``lag``: how many leading characters (Unicode code
+    points) of ``text`` will not be revised, because the utterance's ``endpoint`` (or the
+    ``final``) begins with exactly them (docs/protocol.md); absent where the engine does not
+    say. The rest of the partial is revisable as the spec says.
+    """
 
     type: ClassVar[str] = "partial"
+    stable: int | None = None
+
+    def __post_init__(self) -> None:
+        TranscriptEvent.__post_init__(self)
+        if self.stable is not None and not 0 <= self.stable <= len(self.text):
+            raise ValueError(f"stable must be within the text, got {self.stable}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = TranscriptEvent.to_dict(self)
+        if self.stable is not None:
+            out["stable"] = self.stable
+        return out
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Endpoint(TranscriptEvent):
-    """A native decoder utterance boundary; the stream stays open."""
+    """A native decoder utterance boundary; the stream stays open.
+
+    ``cut`` is an extension no native client sees: ``true`` on the endpoint that answers a
+    translator's :class:`~talkies.protocol.inputs.CutRequested` (docs/dialects.md).
+    """
 
     type: ClassVar[str] = "endpoint"
+    cut: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        out = TranscriptEvent.to_dict(self)
+        if self.cut:
+            out["cut"] = True
+        return out
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

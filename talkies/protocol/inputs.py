@@ -17,6 +17,7 @@ __all__ = [
     "AudioBatch",
     "AuthRejected",
     "BinaryReceived",
+    "CutRequested",
     "EngineEndpoint",
     "EngineFailed",
     "EngineFinal",
@@ -67,6 +68,17 @@ class AudioBatch:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class CutRequested:
+    """Close the open utterance after the audio sent so far, and go on listening.
+
+    Not a message of the native protocol (its clients have ``end``): a translator sends it
+    for a dialect's flush that keeps the stream (OpenAI Realtime's manual
+    ``input_audio_buffer.commit``, Deepgram's ``Finalize``). The engine answers with one
+    ``endpoint`` marked ``cut``, in order after the endpoints of the audio before it.
+    """
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class EngineOpened:
     """The engine stream asked for by ``Open`` is ready for audio."""
 
@@ -79,20 +91,30 @@ class EnginePartial:
     for the stream that the decoder had not yet answered for when it produced this result,
     as the engine runtime measured it (talkies/engines/runtime/lag.py; None: not measured).
     The session sends it on the transcript event and sums it up in ``stats``.
+
+    ``stable``: how many leading characters (code points) of ``text`` will not be revised:
+    the utterance's endpoint (or the final) begins with exactly them. None: the engine does
+    not say (Vosk, sherpa), which promises nothing before the endpoint.
     """
 
     text: str
     words: tuple[Word, ...] = ()
     lag: float | None = None
+    stable: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EngineEndpoint:
-    """The decoder closed an utterance; ``text`` is that utterance."""
+    """The decoder closed an utterance; ``text`` is that utterance.
+
+    ``cut``: the answer to :class:`CutRequested` (the utterance was closed where it was
+    asked to be, not where the decoder found a pause); sent even when empty.
+    """
 
     text: str
     words: tuple[Word, ...] = ()
     lag: float | None = None  # as on EnginePartial
+    cut: bool = False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -143,6 +165,7 @@ Input = (
     TextReceived
     | BinaryReceived
     | AudioBatch
+    | CutRequested
     | EngineOpened
     | EnginePartial
     | EngineEndpoint

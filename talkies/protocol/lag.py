@@ -20,16 +20,20 @@ __all__ = ["LagRecord", "LagSummary", "clean_lag"]
 _EXACT_MS = 100
 
 
+_MOST_SECONDS = 1e9  # ~32 years: more than any stream is behind
+
+
 def clean_lag(seconds: float | None) -> float | None:
     """An engine's lag as events carry it: seconds rounded to the millisecond, or None for
-    none (a value that is not a finite number is dropped; a negative one is 0)."""
+    none (a value that is not a finite number is dropped; a negative one is 0, and one past
+    ``_MOST_SECONDS`` is that: its milliseconds must still be an int)."""
     if type(seconds) is not float:  # (the runtime's: a float; checked once per result)
         if seconds is None or not isinstance(seconds, int | float):
             return None
         seconds = float(seconds)
     if not 0.0 < seconds < math.inf:
         return 0.0 if -math.inf < seconds <= 0.0 else None  # (NaN fails both)
-    return round(seconds, 3)
+    return round(min(seconds, _MOST_SECONDS), 3)
 
 
 def _bucket(ms: int) -> int:

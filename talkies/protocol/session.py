@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from .actions import Action, Close, Feed, Flush, Open, Release, Send
+from .actions import Action, Close, Cut, Feed, Flush, Open, Release, Send
 from .errors import CloseCode, ErrorCode, ProtocolError
 from .events import (
     SAMPLE_RATE,
@@ -33,6 +33,7 @@ from .inputs import (
     AudioBatch,
     AuthRejected,
     BinaryReceived,
+    CutRequested,
     EngineEndpoint,
     EngineFailed,
     EngineFinal,
@@ -65,7 +66,7 @@ _AUDIO_PART = InputKind.AUDIO_PART
 _AUDIO_BATCH = InputKind.AUDIO_BATCH
 _AWAITING_START = State.AWAITING_START
 _STREAMING = State.STREAMING
-_CLIENT_INPUTS = (BinaryReceived, TextReceived, AudioBatch)
+_CLIENT_INPUTS = (BinaryReceived, TextReceived, AudioBatch, CutRequested)
 
 _ENVELOPE_KINDS = {
     MessageType.START: InputKind.START,
@@ -75,6 +76,7 @@ _ENVELOPE_KINDS = {
 }
 
 _DRIVER_KINDS: dict[type, InputKind] = {
+    CutRequested: InputKind.CUT,
     EngineOpened: InputKind.ENGINE_OPENED,
     EnginePartial: InputKind.ENGINE_PARTIAL,
     EngineEndpoint: InputKind.ENGINE_ENDPOINT,
@@ -151,6 +153,7 @@ class StreamSession:
         self._audio_parts: list[bytes] | None = None
         self._audio_size = 0
         self._hypothesis: tuple[str, tuple[Word, ...]] = ("", ())
+        self._stable: int | None = None  # the partial's stable prefix (EnginePartial.stable)
         self.lag = LagRecord()  # the lag the engine's results carried, for stats
         self._handlers: dict[Handler, _HandlerFn] = {
             h: getattr(self, f"_on_{h.value}") for h in Handler
@@ -390,17 +393,33 @@ class StreamSession:
         assert self.options is not None
         text, words = _clean_text(event.text), self._words(event.words)
         lag = self._lag(event.lag)
-        if (text, words) == self._hypothesis:
+        stable = None if event.stable is None else max(0, min(event.stable, len(text)))
+        if (text, words) == self._hypothesis and stable == self._stable:
             return  # an unchanged hypothesis is not a revision
-        self._hypothesis = (text, words)
+        self._hypothesis, self._stable = (text, words), stable
         if self.options.interim_results:
-            self._send_transcript(Partial, text, words, lag)
+            self._send_transcript(Partial, text, words, lag, stable)
 
     def _on_endpoint(self, rule: Rule, event: Input, payload: object) -> None:
         assert isinstance(event, EngineEndpoint)
         text, words = _clean_text(event.text), self._words(event.words)
         lag = self._lag(event.lag)
-        previous, self._hypothesis = self._hypothesis, ("", ())
+        previous, self._hypothesis, self._stable = self._hypothesis, ("", ()), None
+        if event.cut:  # a translator counts on one answer per cut, empty or not
+            self.revision += 1
+            self._actions.append(
+                Send(
+                    event=Endpoint(
+                        revision=self.revision,
+                        text=text,
+                        words=words,
+                        audio_seconds=self.audio_seconds,
+                        lag=lag,
+                        cut=True,
+                    )
+                )
+            )
+            return
         if not text and not words and previous == ("", ()):
             # An empty utterance after an empty hypothesis tells the client nothing: silence.
             return
@@ -463,6 +482,9 @@ class StreamSession:
     def _on_ignore(self, rule: Rule, event: Input, payload: object) -> None:
         return
 
+    def _on_cut(self, rule: Rule, event: Input, payload: object) -> None:
+        self._actions.append(Cut())
+
     # -- helpers ---------------------------------------------------------------------------
 
     def _words(self, words: tuple[Word, ...]) -> tuple[Word, ...]:
@@ -495,15 +517,27 @@ class StreamSession:
         text: str,
         words: tuple[Word, ...],
         lag: float | None,
+        stable: int | None = None,
     ) -> None:
         self.revision += 1
-        event = cls(
-            revision=self.revision,
-            text=text,
-            words=words,
-            audio_seconds=self.audio_seconds,
-            lag=lag,
-        )
+        event: TranscriptEvent
+        if cls is Partial:
+            event = Partial(
+                revision=self.revision,
+                text=text,
+                words=words,
+                audio_seconds=self.audio_seconds,
+                lag=lag,
+                stable=stable,
+            )
+        else:
+            event = cls(
+                revision=self.revision,
+                text=text,
+                words=words,
+                audio_seconds=self.audio_seconds,
+                lag=lag,
+            )
         assert isinstance(event, Partial | Endpoint)
         self._actions.append(Send(event=event))
 

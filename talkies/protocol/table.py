@@ -41,6 +41,7 @@ class InputKind(StrEnum):
     AUDIO_PART = "audio_part"  # a binary fragment that is not the message's last
     AUDIO = "audio"  # the last (or only) fragment of a binary message
     AUDIO_BATCH = "audio_batch"  # whole binary messages in a row (AudioBatch)
+    CUT = "cut"  # a translator's CutRequested (no native message)
     ENGINE_OPENED = "engine_opened"
     ENGINE_PARTIAL = "engine_partial"
     ENGINE_ENDPOINT = "engine_endpoint"
@@ -63,6 +64,7 @@ class Handler(StrEnum):
     BUFFER_AUDIO = "buffer_audio"
     AUDIO = "audio"
     AUDIO_BATCH = "audio_batch"
+    CUT = "cut"
     OPENED = "opened"
     PARTIAL = "partial"
     ENDPOINT = "endpoint"
@@ -122,6 +124,7 @@ def _allowed() -> dict[tuple[State, InputKind], Rule]:
     t[_S.STREAMING, _K.AUDIO_PART] = _rule(Handler.BUFFER_AUDIO, _S.STREAMING, _S.CLOSED)
     t[_S.STREAMING, _K.AUDIO] = _rule(Handler.AUDIO, _S.STREAMING, _S.CLOSED)
     t[_S.STREAMING, _K.AUDIO_BATCH] = _rule(Handler.AUDIO_BATCH, _S.STREAMING, _S.CLOSED)
+    t[_S.STREAMING, _K.CUT] = _rule(Handler.CUT, _S.STREAMING)
     t[_S.STREAMING, _K.ENGINE_PARTIAL] = _rule(Handler.PARTIAL, _S.STREAMING)
     t[_S.STREAMING, _K.ENGINE_ENDPOINT] = _rule(Handler.ENDPOINT, _S.STREAMING)
 
@@ -147,6 +150,7 @@ _REJECTED: dict[InputKind, ErrorCode] = {
     _K.AUDIO_PART: ErrorCode.INVALID_AUDIO,
     _K.AUDIO: ErrorCode.INVALID_AUDIO,
     _K.AUDIO_BATCH: ErrorCode.INVALID_AUDIO,
+    _K.CUT: ErrorCode.SERVER_ERROR,  # a translator's bug: it holds cuts until ready
     _K.ENGINE_OPENED: ErrorCode.SERVER_ERROR,
     _K.ENGINE_PARTIAL: ErrorCode.SERVER_ERROR,
     _K.ENGINE_ENDPOINT: ErrorCode.SERVER_ERROR,

@@ -7,13 +7,15 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
 from ...metrics import LAG_REFUSALS
-from ...protocol import EngineFailed, EngineFinal, ErrorCode
+from ...protocol import EngineEndpoint, EngineFailed, EngineFinal, EnginePartial, ErrorCode, Word
+from ...protocol.events import SAMPLE_RATE
 from ..base import EngineEvent, Recognition, Refusal, ResultListener, Work
 from . import memory
 from .lag import LagMeter, lag_detail
@@ -23,6 +25,9 @@ from .schedule import DEFAULT_DECODE_TIMEOUT, RoundScheduler
 __all__ = ["DEFAULT_DECODE_TIMEOUT", "DecodeRounds", "ThreadedStream"]
 
 log = logging.getLogger("talkies.engines")
+
+_BYTES_PER_SECOND = 2 * SAMPLE_RATE
+CANNOT_CUT = "this engine stream cannot close an utterance and go on"
 
 
 class DecodeRounds(RoundScheduler):
@@ -44,13 +49,20 @@ class DecodeRounds(RoundScheduler):
         # Not abandoned on cancel: a recognition that was made is handed over (and closed by
         # whoever closes the stream), never leaked by a caller that went away meanwhile.
         recognition = await anyio.to_thread.run_sync(create)
-        return ThreadedStream(recognition, max_buffered_bytes=max_buffered_bytes, rounds=self)
+        return ThreadedStream(
+            recognition, max_buffered_bytes=max_buffered_bytes, rounds=self, create=create
+        )
 
 
 class ThreadedStream:
     """An :class:`~talkies.engines.base.EngineStream` over a :class:`Recognition`.
 
-    Without ``rounds`` the stream has rounds of its own (one at a time).
+    Without ``rounds`` the stream has rounds of its own (one at a time). With ``create`` (what
+    made ``recognition``) it can :meth:`cut`: the round that takes the audio before a cut
+    ends with the recognition's ``finish()`` and a new recognition from ``create`` in its
+    place (:func:`~.threads._replace`), in the same stream, so the model's slot and the
+    pool's pin stay held; its final becomes the cut's endpoint, and the new recognition's word
+    times are shifted by the audio the ones before it heard.
     """
 
     def __init__(
@@ -59,6 +71,7 @@ class ThreadedStream:
         *,
         max_buffered_bytes: int,
         rounds: DecodeRounds | None = None,
+        create: Callable[[], Recognition] | None = None,
     ) -> None:
         if max_buffered_bytes < 2:
             raise ValueError("max_buffered_bytes must be at least 2")
@@ -68,6 +81,10 @@ class ThreadedStream:
         self._pending: deque[bytes] = deque()
         self._pending_bytes = 0
         self._flush = False  # end requested
+        self._create = create
+        self._cuts: deque[int] = deque()  # cuts requested: bytes of _pending before each
+        self._fed = 0  # bytes given to the current recognition
+        self._shift = 0.0  # seconds of audio the recognitions before it heard
         self._finish_given = False  # the end was handed to a round
         self.more = False  # the decoder holds decodable input (Work.more)
         self.ended = False  # a final or failure was produced: nothing more to decode
@@ -117,28 +134,43 @@ class ThreadedStream:
     def has_work(self) -> bool:
         if self.ended or self._closed:
             return False
-        return self.more or bool(self._pending) or (self._flush and not self._finish_given)
+        return (
+            self.more
+            or bool(self._pending)
+            or bool(self._cuts)
+            or (self._flush and not self._finish_given)
+        )
 
     def claim(self) -> Work | None:
         """Leave the ready list; this round's work, if there still is some."""
         self.queued = False
         if not self.has_work():
             return None
+        renew = None
         if self.more:
             pcm, finish = b"", False  # the decoder's backlog first; the queue waits
         else:
             pcm = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
             self._pending.clear()
-            self._pending_bytes = 0
+            if self._cuts:  # the audio before the first cut, then the cut
+                cut = self._cuts.popleft()
+                pcm, rest = pcm[:cut], pcm[cut:]
+                if rest:
+                    self._pending.append(rest)
+                self._cuts = deque(c - cut for c in self._cuts)
+                finish, renew = True, self._create
+            else:
+                finish = self._flush and not self._finish_given
+                self._finish_given = self._finish_given or finish
+            self._pending_bytes -= len(pcm)
             self._room.set()
-            finish = self._flush and not self._finish_given
-            self._finish_given = self._finish_given or finish
             self._lag.claimed(len(pcm))
+            self._fed += len(pcm)
         self.busy = True
         self._claimed_at = time.monotonic()
         if self._idle.is_set():
             self._idle = anyio.Event()
-        return Work(self._rec, pcm, finish)
+        return Work(self._rec, pcm, finish, renew=renew)
 
     def settle(self, work: Work) -> None:
         """The round is over: its results."""
@@ -147,11 +179,26 @@ class ThreadedStream:
         lag = self._settled_lag = self._lag.settled(work.more, time.monotonic())
         self._rounds.note_lag(lag)
         events = work.events
+        shift = self._shift
+        cut = work.renew is not None
         for i, event in enumerate(events):
-            if isinstance(event, EngineFailed) or event.lag is not None:
+            if isinstance(event, EngineFailed) or (event.lag is not None and not cut and not shift):
                 continue
             # What the session sends on. (A new event: dataclasses.replace costs twice as much.)
-            events[i] = type(event)(text=event.text, words=event.words, lag=lag)
+            words = _shifted(event.words, shift) if shift else event.words
+            stamp = lag if event.lag is None else event.lag
+            if cut and type(event) is EngineFinal:
+                events[i] = EngineEndpoint(text=event.text, words=words, lag=stamp, cut=True)
+            elif type(event) is EnginePartial:
+                events[i] = EnginePartial(
+                    text=event.text, words=words, lag=stamp, stable=event.stable
+                )
+            else:
+                events[i] = type(event)(text=event.text, words=words, lag=stamp)
+        if cut:  # the recognition that goes on (the old one, if making a new one failed)
+            self._rec = work.recognition
+            self._shift += self._fed / _BYTES_PER_SECOND
+            self._fed = 0
         if any(isinstance(e, EngineFinal | EngineFailed) for e in events):
             self.ended = True
             self.more = False
@@ -192,11 +239,16 @@ class ThreadedStream:
         """Its round was given up before its turn: the work goes back to the front of the
         queue, as if never claimed."""
         self.busy = False
-        if work.pcm:
+        size = len(work.pcm)
+        if size:
             self._pending.appendleft(work.pcm)
-            self._pending_bytes += len(work.pcm)
-            self._lag.claimed(-len(work.pcm))
-        if work.finish:
+            self._pending_bytes += size
+            self._lag.claimed(-size)
+            self._fed -= size
+            self._cuts = deque(c + size for c in self._cuts)
+        if work.renew is not None:
+            self._cuts.appendleft(size)
+        elif work.finish:
             self._finish_given = False
         self._idle.set()
 
@@ -227,6 +279,16 @@ class ThreadedStream:
 
     async def flush(self) -> None:
         self._flush = True
+        self.token()
+        self._rounds.poke(self)
+
+    async def cut(self) -> None:
+        if self._closed or self._flush or self.ended:
+            return
+        if self._create is None:
+            self._end_failed(CANNOT_CUT)
+            return
+        self._cuts.append(self._pending_bytes)
         self.token()
         self._rounds.poke(self)
 
@@ -261,6 +323,10 @@ class ThreadedStream:
                 await anyio.to_thread.run_sync(_close, self._rec)
             except Exception:
                 log.exception("engine failed to close a stream")
+
+
+def _shifted(words: tuple[Word, ...], seconds: float) -> tuple[Word, ...]:
+    return tuple(replace(w, start=w.start + seconds, end=w.end + seconds) for w in words)
 
 
 def _close(recognition: Recognition) -> None:

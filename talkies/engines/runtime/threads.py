@@ -217,6 +217,7 @@ def _decode_round(round_: Round[Any]) -> None:
             work.events.append(EngineFailed(detail=_detail(exc)))
         if not _end(round_):
             return
+        _replace(work)
     for items in groups.values():
         if not _begin(round_, items):
             return
@@ -229,6 +230,28 @@ def _decode_round(round_: Round[Any]) -> None:
                 work.more = False
         if not _end(round_):
             return
+        for work in items:
+            _replace(work)
+
+
+def _replace(work: Work) -> None:
+    """Round thread, after a cut's ``finish``: the new recognition first (if making it fails,
+    the stream fails and keeps the old one for its close), then the old one closed."""
+    if work.renew is None or not work.finish:
+        return
+    if any(isinstance(event, EngineFailed) for event in work.events):
+        return
+    old = work.recognition
+    try:
+        work.recognition = work.renew()
+    except Exception as exc:
+        log.exception("engine failed to open a stream after a cut")
+        work.events.append(EngineFailed(detail=_detail(exc)))
+        return
+    try:
+        old.close()
+    except Exception:
+        log.exception("engine failed to close a stream")
 
 
 def _detail(exc: Exception) -> str:
