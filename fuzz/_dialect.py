@@ -172,6 +172,25 @@ class Program:
                 return
             yield op % kinds
 
+    def words(self, count: int, timed: bool) -> tuple[str, tuple[Word, ...]]:
+        """The open utterance's first ``count`` words (``w0`` ...), 0.2 s each, with times
+        when ``timed``."""
+        self.longest = max(self.longest, count)
+        words = tuple(
+            Word(
+                word=f"w{i}",
+                start=round(self.utterance + i * _WORD, 3),
+                end=round(self.utterance + (i + 1) * _WORD, 3),
+            )
+            for i in range(count)
+        )
+        return " ".join(w.word for w in words), words if timed else ()
+
+    def next_utterance(self) -> None:
+        """The utterance ended: the next one's words come after its longest."""
+        self.utterance += (self.longest + 1) * _WORD
+        self.longest = 0
+
     def step(self, op: int) -> bool:
         """Run ``op`` if it is one of the shared ones; False if it is the dialect's own."""
         pair = self.pair
@@ -183,20 +202,11 @@ class Program:
         elif op in (4, 5, 6):
             count = (self.byte() or 0) % 8
             timed = not self.untimed or count % 2 == 0 or op == 4
-            self.longest = max(self.longest, count)
-            words = tuple(
-                Word(
-                    word=f"w{i}",
-                    start=round(self.utterance + i * _WORD, 3),
-                    end=round(self.utterance + (i + 1) * _WORD, 3),
-                )
-                for i in range(count)
-            )
+            text, words = self.words(count, timed)
             kind = {4: EnginePartial, 5: EngineEndpoint, 6: EngineFinal}[op]
-            pair.engine(kind(text=" ".join(w.word for w in words), words=words if timed else ()))
+            pair.engine(kind(text=text, words=words))
             if op != 4:
-                self.utterance += (self.longest + 1) * _WORD
-                self.longest = 0
+                self.next_utterance()
         elif op == 7:
             pair.now += (self.byte() or 0) / 10
             pair.engine(Tick())

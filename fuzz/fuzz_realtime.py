@@ -44,7 +44,14 @@ with _instrument:
     from fuzz._dialect import Program, program
     from fuzz._realtime import RealtimePair
     from talkies.dialects.realtime import QueryError, RealtimeConfig, parse_realtime_query
-    from talkies.protocol import BinaryReceived, ErrorCode, Refused, TextReceived
+    from talkies.protocol import (
+        BinaryReceived,
+        EngineEndpoint,
+        EnginePartial,
+        ErrorCode,
+        Refused,
+        TextReceived,
+    )
 
 __all__ = ["SEEDS", "check_one", "replay"]
 
@@ -93,9 +100,11 @@ def check_one(data: bytes) -> None:
         model = "tiny-test"
         refusal = Refused(code=exc.code, detail=exc.detail)
     pair = RealtimePair(RealtimeConfig(model=model), refusal=refusal)
-    # 0, 2-7, 12, 13: see Program (odd counts of words untimed); the rest are OpenAI's.
+    # 0, 2-7, 12, 13: see Program (odd counts of words untimed); the rest are OpenAI's and
+    # the engine's results only Realtime reads: 14 a partial with a stable prefix (its words
+    # need not keep it: the translator's fallback is fuzzed too), 15 a cut's answer.
     ops = Program(pair, rest, untimed=True)
-    for op in ops.ops(_MAX_OPS, 14):
+    for op in ops.ops(_MAX_OPS, 16):
         if ops.step(op):
             continue
         if op == 1:
@@ -113,6 +122,16 @@ def check_one(data: bytes) -> None:
         elif op == 10:
             name = ("input_audio_buffer.clear", "input_audio_buffer.commit")[(ops.byte() or 0) & 1]
             pair.client([TextReceived(data=json.dumps({"type": name}))])
+        elif op == 14:
+            count = (ops.byte() or 0) % 8
+            text, words = ops.words(count, timed=count % 2 == 0)
+            stable = len(" ".join(text.split()[: (ops.byte() or 0) % (count + 1)]))
+            pair.engine(EnginePartial(text=text, words=words, stable=stable))
+        elif op == 15:
+            count = (ops.byte() or 0) % 8
+            text, words = ops.words(count, timed=count % 2 == 0)
+            pair.engine(EngineEndpoint(text=text, words=words, cut=True))
+            ops.next_utterance()
         else:
             pair.client([BinaryReceived(data=ops.take(4), final=(ops.byte() or 0) & 1 == 1)])
     items = pair.items()
@@ -137,6 +156,10 @@ SEEDS: dict[str, bytes] = {
     "beta.bin": _Q + b"\n" + program(9, 2, 0, 9, 2, 1, 0, 4, 2, 5, 2),
     "clear_mid_item.bin": _Q + b"\n" + program(8, 0, 0, 4, 3, 10, 0, 5, 5),
     "commit.bin": _Q + b"\n" + program(8, 0, 0, 10, 1),
+    "manual_commit_answered.bin": _Q
+    + b"\n"
+    + program(8, 1, 2, 0, 0, *[1, 255, 0] * 3, 4, 3, 10, 1, 15, 3, *[1, 255, 0] * 3, 10, 1, 15, 0),
+    "stable_deltas.bin": _Q + b"\n" + program(8, 0, 0, 14, 2, 1, 14, 4, 3, 14, 4, 2, 5, 4),
     "manual_update.bin": _Q + b"\n" + program(8, 1, 2, 0),
     "fragments.bin": _Q
     + b"\n"
