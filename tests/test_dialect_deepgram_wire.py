@@ -290,3 +290,22 @@ def test_the_token_is_never_logged(caplog: pytest.LogCaptureFixture) -> None:
     for record in [r for r in caplog.records if not r.name.startswith("websockets")]:
         assert secret not in record.getMessage()
         assert secret not in repr(record.__dict__)
+
+
+def test_a_plain_or_malformed_request_with_a_good_token_is_told_what_is_wrong(host: Host) -> None:
+    """Deepgram's ``Token`` scheme is a credential on its route for plain HTTP too: a plain
+    GET is 426 and a handshake without a key 400, as with Bearer; a wrong token is 401."""
+    url = f"http://{host.base}/v1/listen?{QUERY}"
+    handshake = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13"}
+    for scheme in ("Token", "Bearer"):
+        good = {"Authorization": f"{scheme} {TOKEN}"}
+        assert httpx.get(url, headers=good).status_code == 426
+        assert httpx.get(url, headers={**good, **handshake}).status_code == 400
+    wrong = {"Authorization": "Token nope"}
+    assert httpx.get(url, headers=wrong).status_code == 401
+    # uvicorn answers a malformed handshake itself (400) before the app sees the request;
+    # the standalone server checks the credential first.
+    malformed = 401 if host.name == "standalone" else 400
+    assert httpx.get(url, headers={**wrong, **handshake}).status_code == malformed
+    # Elsewhere the Token scheme is no credential.
+    assert httpx.get(f"http://{host.base}/v1/models", headers=AUTH).status_code == 401

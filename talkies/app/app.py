@@ -35,7 +35,7 @@ from ..engines.runtime import RecognitionModel
 from ..engines.runtime.lag import lag_detail
 from ..engines.runtime.slots import Slots
 from . import leftovers
-from .dialects import ListenDialect
+from .dialects import LISTEN_SCHEMES, ListenDialect
 from .files import FileStore
 from .http import (
     HttpError,
@@ -54,11 +54,18 @@ from .speech import speech_route, voices_route
 from .transcribe import transcription_route
 from .websocket import STREAM_PATH, Accept, StreamRoute
 
-__all__ = ["WEBSOCKET_PATHS", "TalkiesApp"]
+__all__ = ["WEBSOCKET_PATHS", "TalkiesApp", "auth_schemes"]
 
 # The WebSocket routes the hosts upgrade: the native stream, Deepgram's /v1/listen and
 # OpenAI's Realtime transcription.
 WEBSOCKET_PATHS = frozenset({STREAM_PATH, LISTEN_PATH, REALTIME_PATH})
+
+
+def auth_schemes(path: str) -> tuple[bytes, ...]:
+    """The ``Authorization`` schemes a path takes: Bearer, and Deepgram's ``Token`` on its
+    route (so a malformed upgrade there with a good token is told what is wrong with it)."""
+    return LISTEN_SCHEMES if path == LISTEN_PATH else (b"bearer",)
+
 
 _PAGE = Path(__file__).parent / "static" / "index.html"
 
@@ -155,7 +162,9 @@ class TalkiesApp:
     # -- requests ----------------------------------------------------------------------------
 
     def authorized(self, request: Request) -> bool:
-        return bearer_ok(request.headers, self.settings.auth_token)
+        return bearer_ok(
+            request.headers, self.settings.auth_token, schemes=auth_schemes(request.path)
+        )
 
     async def handle(self, request: Request) -> Response:
         """The response to ``request``; never raises for a bad request (only for a client

@@ -48,10 +48,12 @@ from ..protocol import (
     SessionLimits,
 )
 from .driver import Channel, ClientMessage, DirectChannel
+from .http import bearer_ok
 
-__all__ = ["ListenChannel", "ListenDialect", "PcmResampler", "listen_admission"]
+__all__ = ["LISTEN_SCHEMES", "ListenChannel", "ListenDialect", "PcmResampler", "listen_admission"]
 
 _TOKEN_PROTOCOL = "token"
+LISTEN_SCHEMES = (b"token", b"bearer")  # Authorization schemes /v1/listen takes
 # model_uuid: stable per model slug, so a client can group results by it as it would by
 # Deepgram's model ids.
 _MODEL_NAMESPACE = uuid.UUID("5b0c3c3e-6d1f-4d8e-9c43-7a1f0f6f2a11")
@@ -63,16 +65,10 @@ def listen_admission(
     """(authorized, the subprotocol to select) for a ``/v1/listen`` handshake."""
     offered = [p.strip() for p in subprotocols]
     selected = _TOKEN_PROTOCOL if _TOKEN_PROTOCOL in offered else None
-    for name, value in headers:
-        if name.lower() == b"authorization":
-            if token is None:
-                return True, selected
-            scheme, _, credentials = bytes(value).partition(b" ")
-            if scheme.lower() not in (b"token", b"bearer"):
-                return False, selected
-            return hmac.compare_digest(credentials.strip(), token.encode("utf-8")), selected
     if token is None:
         return True, selected
+    if any(name.lower() == b"authorization" for name, _ in headers):
+        return bearer_ok(headers, token, schemes=LISTEN_SCHEMES), selected
     if selected is not None:
         at = offered.index(_TOKEN_PROTOCOL)
         if at + 1 < len(offered):

@@ -53,14 +53,20 @@ def reason_phrase(status: int) -> bytes:
         return b""
 
 
-def bearer_ok(headers: Iterable[tuple[bytes, bytes]], token: str | None) -> bool:
-    """``Authorization: Bearer <token>``, compared in constant time. Never the query string."""
+def bearer_ok(
+    headers: Iterable[tuple[bytes, bytes]],
+    token: str | None,
+    *,
+    schemes: tuple[bytes, ...] = (b"bearer",),
+) -> bool:
+    """``Authorization: Bearer <token>`` (or another of ``schemes``: Deepgram's ``Token`` on
+    its route), compared in constant time. Never the query string."""
     if token is None:
         return True
     for name, value in headers:
         if name.lower() == b"authorization":
             scheme, _, credentials = bytes(value).partition(b" ")
-            if scheme.lower() == b"bearer":
+            if scheme.lower() in schemes:
                 return hmac.compare_digest(credentials.strip(), token.encode("utf-8"))
             return False
     return False

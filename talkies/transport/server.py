@@ -23,7 +23,7 @@ import h11
 from anyio.streams.stapled import MultiListener
 from anyio.streams.tls import TLSListener
 
-from ..app import STREAM_PATH, WEBSOCKET_PATHS, TalkiesApp, bearer_ok
+from ..app import STREAM_PATH, WEBSOCKET_PATHS, TalkiesApp, auth_schemes, bearer_ok
 from ..app.http import Request, error_response, reason_phrase
 from ..config import Settings
 from ..engines.base import NoModels, StreamProvider
@@ -309,7 +309,10 @@ class Server:
                     return
                 status, message, headers = check
                 response = error_response(status, message, code="upgrade_required", headers=headers)
-                if not bearer_ok(request.headers, self.settings.auth_token):
+                path = request.target.split(b"?", 1)[0].decode("ascii", "replace")
+                if not bearer_ok(
+                    request.headers, self.settings.auth_token, schemes=auth_schemes(path)
+                ):
                     response = error_response(
                         401,
                         "missing or invalid bearer token",
