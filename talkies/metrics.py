@@ -45,7 +45,9 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 # ``surface`` says which door the traffic came in by: "websocket" (the live-ASR WebSocket),
-# "wyoming" (Home Assistant's protocol), "http" (the HTTP speech routes).
+# "deepgram" and "realtime" (the translated WebSockets, docs/dialects.md: their streams,
+# frames and audio; their event latency is the WebSocket's), "wyoming" (Home Assistant's
+# protocol), "http" (the HTTP speech routes).
 STREAMS = Counter(
     "talkies_streams",
     "Live-ASR streams that ended, by surface, outcome and the contract's error code ('' when "

@@ -123,6 +123,12 @@ def test_ga_session_server_vad_items(host: Host) -> None:
     assert _items(second)[second[0]["item_id"]][1] == "w1"
     assert second[2]["previous_item_id"] == first[0]["item_id"]
     assert second[0]["audio_start_ms"] >= 1000
+    # Counted in /metrics under the route's own surface, not the native WebSocket's.
+    counted = 'talkies_streams_total{code="",outcome="peer_gone",surface="realtime"}'
+    deadline = time.monotonic() + 10
+    while counted not in (text := httpx.get(f"http://{host.base}/metrics", headers=AUTH).text):
+        assert time.monotonic() < deadline, [ln for ln in text.splitlines() if "streams" in ln]
+        time.sleep(0.1)
 
 
 def test_beta_session_answers_in_beta(host: Host) -> None:

@@ -230,7 +230,7 @@ class StreamRoute:
                 "duration": round(seconds, 3),
             },
         )
-        surface = "websocket"
+        surface = "websocket" if route == "native" else route  # a dialect's: its own series
         metrics.STREAMS.labels(surface, session.outcome or "", code or "").inc()
         metrics.FRAMES.labels(surface).inc(session.frames)
         metrics.AUDIO_SECONDS.labels(surface).inc(session.audio_seconds)
