@@ -47,6 +47,16 @@ def _at_24k(pcm16k: bytes) -> bytes:
     return np.asarray(resampled).astype("<i2").tobytes() + bytes(2 * 24000 * 2)  # + 2 s silence
 
 
+def _session(turn_detection: dict[str, str] | None) -> dict[str, Any]:
+    """A GA transcription session: 24 kHz PCM, the default model in English."""
+    inputs = {
+        "format": {"type": "audio/pcm", "rate": 24000},
+        "transcription": {"model": DEFAULT_MODEL, "language": "en"},
+        "turn_detection": turn_detection,
+    }
+    return {"type": "transcription", "audio": {"input": inputs}}
+
+
 async def _openai_sdk(host: HttpHost, pcm24k: bytes) -> tuple[list[str], list[Any]]:
     from openai import AsyncOpenAI
 
@@ -56,18 +66,7 @@ async def _openai_sdk(host: HttpHost, pcm24k: bytes) -> tuple[list[str], list[An
     async with client.realtime.connect(
         model=DEFAULT_MODEL, extra_query={"intent": "transcription"}
     ) as connection:
-        await connection.session.update(
-            session={
-                "type": "transcription",
-                "audio": {
-                    "input": {
-                        "format": {"type": "audio/pcm", "rate": 24000},
-                        "transcription": {"model": DEFAULT_MODEL, "language": "en"},
-                        "turn_detection": {"type": "server_vad"},
-                    }
-                },
-            }
-        )
+        await connection.session.update(session=_session({"type": "server_vad"}))
         for i in range(0, len(pcm24k), CHUNK):
             audio = base64.b64encode(pcm24k[i : i + CHUNK]).decode()
             await connection.input_audio_buffer.append(audio=audio)
@@ -167,18 +166,7 @@ async def _openai_sdk_manual(host: HttpHost, pcm24k: bytes, turns: int) -> list[
     async with client.realtime.connect(
         model=DEFAULT_MODEL, extra_query={"intent": "transcription"}
     ) as connection:
-        await connection.session.update(
-            session={
-                "type": "transcription",
-                "audio": {
-                    "input": {
-                        "format": {"type": "audio/pcm", "rate": 24000},
-                        "transcription": {"model": DEFAULT_MODEL, "language": "en"},
-                        "turn_detection": None,
-                    }
-                },
-            }
-        )
+        await connection.session.update(session=_session(None))
         for _ in range(turns):
             for i in range(0, len(pcm24k), CHUNK):
                 audio = base64.b64encode(pcm24k[i : i + CHUNK]).decode()

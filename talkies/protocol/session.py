@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 from .actions import Action, Close, Cut, Feed, Flush, Open, Release, Send
 from .errors import CloseCode, ErrorCode, ProtocolError
@@ -59,6 +60,8 @@ from .messages import (
 from .table import Handler, InputKind, Rule, State, rule_for
 
 __all__ = ["SessionLimits", "StreamSession"]
+
+_T = TypeVar("_T", bound=TranscriptEvent)
 
 # Module constants: attribute access on an Enum class is slow, and this is the per-frame path.
 _AUDIO = InputKind.AUDIO
@@ -398,7 +401,7 @@ class StreamSession:
             return  # an unchanged hypothesis is not a revision
         self._hypothesis, self._stable = (text, words), stable
         if self.options.interim_results:
-            self._send_transcript(Partial, text, words, lag, stable)
+            self._actions.append(Send(event=self._event(Partial, text, words, lag, stable=stable)))
 
     def _on_endpoint(self, rule: Rule, event: Input, payload: object) -> None:
         assert isinstance(event, EngineEndpoint)
@@ -406,37 +409,18 @@ class StreamSession:
         lag = self._lag(event.lag)
         previous, self._hypothesis, self._stable = self._hypothesis, ("", ()), None
         if event.cut:  # a translator counts on one answer per cut, empty or not
-            self.revision += 1
-            self._actions.append(
-                Send(
-                    event=Endpoint(
-                        revision=self.revision,
-                        text=text,
-                        words=words,
-                        audio_seconds=self.audio_seconds,
-                        lag=lag,
-                        cut=True,
-                    )
-                )
-            )
+            self._actions.append(Send(event=self._event(Endpoint, text, words, lag, cut=True)))
             return
         if not text and not words and previous == ("", ()):
             # An empty utterance after an empty hypothesis tells the client nothing: silence.
             return
-        self._send_transcript(Endpoint, text, words, lag)
+        self._actions.append(Send(event=self._event(Endpoint, text, words, lag)))
 
     def _on_final(self, rule: Rule, event: Input, payload: object) -> None:
         assert isinstance(event, EngineFinal)
         text, words = _clean_text(event.text), self._words(event.words)
         lag = self._lag(event.lag)
-        self.revision += 1
-        final = Final(
-            revision=self.revision,
-            text=text,
-            words=words,
-            audio_seconds=self.audio_seconds,
-            lag=lag,
-        )
+        final = self._event(Final, text, words, lag)
         self._finish((final, self._stats(canceled=False)), CloseCode.NORMAL, "end")
 
     def _on_engine_failed(self, rule: Rule, event: Input, payload: object) -> None:
@@ -511,35 +495,25 @@ class StreamSession:
             lag=self.lag.summary(),
         )
 
-    def _send_transcript(
+    def _event(
         self,
-        cls: type[TranscriptEvent],
+        cls: type[_T],
         text: str,
         words: tuple[Word, ...],
         lag: float | None,
-        stable: int | None = None,
-    ) -> None:
+        **extension: Any,
+    ) -> _T:
+        """The next revision's transcript event (``extension``: a partial's ``stable``, an
+        endpoint's ``cut``)."""
         self.revision += 1
-        event: TranscriptEvent
-        if cls is Partial:
-            event = Partial(
-                revision=self.revision,
-                text=text,
-                words=words,
-                audio_seconds=self.audio_seconds,
-                lag=lag,
-                stable=stable,
-            )
-        else:
-            event = cls(
-                revision=self.revision,
-                text=text,
-                words=words,
-                audio_seconds=self.audio_seconds,
-                lag=lag,
-            )
-        assert isinstance(event, Partial | Endpoint)
-        self._actions.append(Send(event=event))
+        return cls(
+            revision=self.revision,
+            text=text,
+            words=words,
+            audio_seconds=self.audio_seconds,
+            lag=lag,
+            **extension,
+        )
 
     def _fail(self, error: ProtocolError) -> None:
         if self.state is State.CLOSED:
