@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Generic, Protocol, TypeVar
 
 import anyio
 import numpy as np
@@ -185,17 +186,75 @@ class PcmResampler:
         return [pcm[i : i + step] for i in range(0, len(pcm), step)]
 
 
-class ListenChannel:
-    """The driver's channel over a host's channel, translating both ways."""
+class Translating(Protocol):
+    """What a channel needs of a dialect's translator (talkies/dialects)."""
+
+    streaming: bool
+    closed: bool
+
+    def session(self, text: str) -> None: ...
+    def closing(self) -> None: ...
+    def pull_messages(self) -> list[str]: ...
+
+
+T = TypeVar("T", bound=Translating)
+
+
+class TranslatingChannel(Generic[T]):
+    """The driver's channel over a host's channel, through a dialect's translator: what both
+    dialects' channels share. The session's events go through the translator and its
+    messages out; ``_ready`` is set at the session's ready (and at its close where
+    ``_ready_on_close``: a Realtime client's reads go on until then), or when the
+    connection closes."""
+
+    _ready_on_close = False
+
+    def __init__(self, inner: Channel, translator: T) -> None:
+        self._inner = inner
+        self._translator = translator
+        self._ready = anyio.Event()
+
+    async def send_text(self, text: str) -> None:
+        self._session(text)
+        await self._send_pending()
+
+    async def close(self, code: int, reason: str) -> None:
+        self._translator.closing()
+        self._ready.set()  # the client's answer to the close frame is read
+        await self._inner.close(code, reason)
+
+    async def aclose(self) -> None:
+        self._ready.set()
+        await self._inner.aclose()
+
+    def _session(self, text: str) -> None:
+        translator = self._translator
+        translator.session(text)
+        if translator.streaming or (self._ready_on_close and translator.closed):
+            self._ready.set()
+
+    async def _send_pending(self) -> None:
+        for message in self._translator.pull_messages():
+            await self._inner.send_text(message)
+
+    def _send_now(self, direct: DirectChannel, text: str) -> None:
+        """The standalone server's fast path: a native event written from the engine's
+        callback; what the socket does not take is buffered, and the next message waits in
+        ``send_text``."""
+        self._session(text)
+        for message in self._translator.pull_messages():
+            direct.send_text_now(message)
+
+
+class ListenChannel(TranslatingChannel[ListenTranslator]):
+    """The ``/v1/listen`` channel: the native start first, the client's audio resampled."""
 
     def __init__(
         self, inner: Channel, translator: ListenTranslator, resampler: PcmResampler | None = None
     ) -> None:
-        self._inner = inner
-        self._translator = translator
+        super().__init__(inner, translator)
         self._resampler = resampler
         self._started = False
-        self._reading = anyio.Event()  # set at the session's ready, or once it closes
 
     async def receive(self) -> list[ClientMessage]:
         translator = self._translator
@@ -204,7 +263,7 @@ class ListenChannel:
             return [translator.start()]
         resampler = self._resampler
         while True:
-            await self._reading.wait()
+            await self._ready.wait()
             batch = await self._inner.receive()
             if resampler is not None:
                 batch = resampler.convert(batch)
@@ -216,33 +275,10 @@ class ListenChannel:
             if batch:
                 return batch
 
-    async def send_text(self, text: str) -> None:
-        self._session(text)
-        await self._send_pending()
-
-    async def close(self, code: int, reason: str) -> None:
-        self._translator.closing()
-        self._reading.set()  # the client's answer to the close frame is read
-        await self._inner.close(code, reason)
-
-    async def aclose(self) -> None:
-        self._reading.set()
-        await self._inner.aclose()
-
-    def _session(self, text: str) -> None:
-        translator = self._translator
-        translator.session(text)
-        if translator.streaming:
-            self._reading.set()
-
-    async def _send_pending(self) -> None:
-        for message in self._translator.pull_messages():
-            await self._inner.send_text(message)
-
 
 class DirectListenChannel(ListenChannel):
-    """A :class:`ListenChannel` over a :class:`DirectChannel`: results may be written from
-    the engine's callback too (the standalone server's fast path)."""
+    """A :class:`ListenChannel` over a :class:`DirectChannel` (one native event makes at most
+    three messages here: SpeechStarted, Results, UtteranceEnd)."""
 
     def __init__(
         self,
@@ -257,9 +293,4 @@ class DirectListenChannel(ListenChannel):
         return self._direct.can_send_now()
 
     def send_text_now(self, text: str) -> None:
-        self._session(text)
-        # One native event makes at most three messages here (SpeechStarted, Results,
-        # UtteranceEnd): what the socket does not take is buffered, and the next message
-        # waits in send_text.
-        for message in self._translator.pull_messages():
-            self._direct.send_text_now(message)
+        self._send_now(self._direct, text)

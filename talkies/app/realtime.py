@@ -30,8 +30,6 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import anyio
-
 from ..config import Settings
 from ..dialects.realtime import (
     INPUT_RATE,
@@ -46,7 +44,7 @@ from ..dialects.realtime import (
 )
 from ..engines.supply.builtin import DEFAULT_MODEL
 from ..protocol import Refused, SessionLimits
-from .dialects import PcmResampler
+from .dialects import PcmResampler, TranslatingChannel
 from .driver import Channel, ClientMessage, DirectChannel
 from .http import HttpError, Request, Response, json_response
 
@@ -184,17 +182,18 @@ class RealtimeDialect:
         return RealtimeChannel(channel, self.translator, resampler)
 
 
-class RealtimeChannel:
-    """The driver's channel over a host's channel, translating both ways."""
+class RealtimeChannel(TranslatingChannel[RealtimeTranslator]):
+    """The ``/v1/realtime`` channel: ``session.created`` first, audio held until the native
+    ready, every append resampled to 16 kHz."""
+
+    _ready_on_close = True
 
     def __init__(
         self, inner: Channel, translator: RealtimeTranslator, resampler: PcmResampler
     ) -> None:
-        self._inner = inner
-        self._translator = translator
+        super().__init__(inner, translator)
         self._resampler = resampler
         self._connected = False
-        self._ready = anyio.Event()  # set at the session's ready, or once it closes
 
     async def receive(self) -> list[ClientMessage]:
         translator = self._translator
@@ -213,33 +212,10 @@ class RealtimeChannel:
             if batch:
                 return self._resampler.convert(batch)
 
-    async def send_text(self, text: str) -> None:
-        self._session(text)
-        await self._send_pending()
-
-    async def close(self, code: int, reason: str) -> None:
-        self._translator.closing()
-        self._ready.set()  # the client's answer to the close frame is read
-        await self._inner.close(code, reason)
-
-    async def aclose(self) -> None:
-        self._ready.set()
-        await self._inner.aclose()
-
-    def _session(self, text: str) -> None:
-        translator = self._translator
-        translator.session(text)
-        if translator.streaming or translator.closed:
-            self._ready.set()
-
-    async def _send_pending(self) -> None:
-        for message in self._translator.pull_messages():
-            await self._inner.send_text(message)
-
 
 class DirectRealtimeChannel(RealtimeChannel):
-    """A :class:`RealtimeChannel` over a :class:`DirectChannel`: events may be written from
-    the engine's callback too (the standalone server's fast path)."""
+    """A :class:`RealtimeChannel` over a :class:`DirectChannel` (one native event makes at
+    most seven events here: an item's whole sequence)."""
 
     def __init__(
         self, inner: DirectChannel, translator: RealtimeTranslator, resampler: PcmResampler
@@ -251,11 +227,7 @@ class DirectRealtimeChannel(RealtimeChannel):
         return self._direct.can_send_now()
 
     def send_text_now(self, text: str) -> None:
-        self._session(text)
-        # One native event makes at most seven events here (an item's whole sequence): what
-        # the socket does not take is buffered, and the next event waits in send_text.
-        for message in self._translator.pull_messages():
-            self._direct.send_text_now(message)
+        self._send_now(self._direct, text)
 
 
 async def client_secrets_route(request: Request, store: ClientSecrets) -> Response:
