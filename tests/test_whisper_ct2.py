@@ -428,3 +428,65 @@ def test_base_over_the_websocket_route(base: Any) -> None:
     assert kinds[-2:] == ["final", "stats"] and "endpoint" in kinds
     said = " ".join(e["text"] for e in events if e["type"] in ("endpoint", "final"))
     assert normalize_words(said) == ["go", "forward", "ten", "meters"]
+
+
+def test_base_forces_a_prefix(base: Any) -> None:
+    """Committed words decoded again (``prefix``) are the transcript's first words, right or
+    wrong, and what follows is what the audio says after them; no words past the audio."""
+    sentence = clip("0870")
+    audio = floats(sentence.pcm)
+    for prefix in ("And Mr. John", "And Sir John"):
+        for final in (True, False):
+            decoded = base.decode(audio, DecodeRequest("en", True, final=final, prefix=prefix))
+            assert decoded.text.startswith(prefix + " "), decoded.text
+            assert "dashwood" in normalize_words(decoded.text)
+            assert all(w.start < sentence.seconds for w in decoded.words)
+    # Half of the sentence, as a hypothesis sees it: the prefix, then only what was heard.
+    half = audio[: audio.size // 2]
+    decoded = base.decode(half, DecodeRequest("en", True, final=False, prefix="And Mr. John"))
+    assert normalize_words(decoded.text).count("john") == 1, decoded.text
+
+
+@pytest.mark.parametrize("step", [640, 4800])
+def test_base_early_policy_keeps_its_promises(base: Any, step: int) -> None:
+    """The early policy on real speech with pauses, in 20 ms frames and in 150 ms batches:
+    every endpoint begins with the stable text its partials announced, stable text comes
+    before the endpoints, and the transcript is about as good as the default policy's."""
+    from talkies.engines.runtime.vad import SileroVad
+    from talkies.engines.whisper.utterances import UtteranceRecognition
+
+    clips = [clip("0880"), clip("0920"), clip("0930")]
+    pause = bytes(2 * SR)
+    pcm = pause + pause.join(c.pcm for c in clips) + pause
+    reference = " ".join(c.reference for c in clips)
+    said: dict[str, str] = {}
+    for policy in ("early", "timestamp"):
+        rec = UtteranceRecognition(
+            base,
+            base.config,
+            SileroVad.shared().stream(base.config.vad_config),
+            language="en",
+            n_audio_ctx=base.n_audio_ctx,
+            policy=policy,
+        )
+        promised, texts, early_words = "", [], 0
+        for i in range(0, len(pcm), step):
+            for update in rec.accept(pcm[i : i + step]):
+                if isinstance(update, EnginePartial):
+                    assert update.stable is not None
+                    kept = update.text[: update.stable]
+                    assert kept.startswith(promised)
+                    promised = kept
+                    early_words = max(early_words, len(kept.split()))
+                else:
+                    assert update.text.startswith(promised), (promised, update.text)
+                    texts.append(update.text)
+                    promised = ""
+        final = rec.finish()
+        rec.close()
+        assert final.text.startswith(promised)
+        said[policy] = " ".join([*texts, final.text])
+        assert (early_words > 0) == (policy == "early")
+    early_errors, _ = word_errors(said["early"], reference)
+    default_errors, _ = word_errors(said["timestamp"], reference)
+    assert early_errors <= default_errors + 2, said

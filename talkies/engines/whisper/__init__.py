@@ -19,7 +19,10 @@ sent as an endpoint (:mod:`.utterances`; docs/engines.md). Within an utterance, 
 whole stream with ``vad`` off (no endpoints then: the final covers the whole stream), a bounded
 window of recent PCM is re-decoded (spec: "rolling: Re-decodes a bounded PCM window and emits
 changed partial revisions"); LocalAgreement-2 (:mod:`.agreement`) is the measured
-alternative for an utterance:
+alternative for an utterance. Every partial says how much of its text is committed
+(``stable``: its committed words' text, which the endpoint or final begins with); the entry
+option ``policy: "early"`` commits agreed words within about a second (:mod:`.agreement`,
+docs/engines.md "Stable text"), forcing them as the decoder's ``prefix`` in later decodes:
 
 Rolling policy (per stream)
 ---------------------------

@@ -18,12 +18,23 @@ Dabre and Bojar, "Turning Whisper into Real-Time Transcription System" (2023), a
   later decodes start there, with the 3 s or more of audio after it as context and, with
   ``prompt``, the committed text as Whisper's prompt. A committed word is never revised nor
   dropped: every later partial, the endpoint and the final start with the committed words.
-- **Nothing is committed earlier.** whisper_streaming commits every agreed word at once;
-  here an utterance shorter than the trim length is decoded whole at its end, with its full
-  context, and nothing of it is frozen before: committing agreed words of short utterances
-  cost 4 errors in 71 words on the pause passage of ``bench/whisper_live.py`` (WER 0.070
-  against 0.014), where two hypotheses of a sentence cut short agreed on a mishearing
-  ("rather cold and", "Howdy a more amiable woman") that the whole decode got right.
+- **Nothing is committed earlier**, unless ``early`` (policy "early" of :mod:`.utterances`).
+  whisper_streaming commits every agreed word at once; here an utterance shorter than the
+  trim length is decoded whole at its end, with its full context, and nothing of it is
+  frozen before: committing agreed words of short utterances cost 4 errors in 71 words on
+  the pause passage of ``bench/whisper_live.py`` (whisper.cpp, WER 0.070 against 0.014),
+  where two hypotheses of a sentence cut short agreed on a mishearing ("rather cold and",
+  "Howdy a more amiable woman") that the whole decode got right.
+- **Early commits** (``early``): at every hypothesis, the words three hypotheses agree on,
+  then those the last two agree on that both heard with probability
+  :data:`EARLY_CONFIDENCE` or more, are committed (less those in the last
+  :data:`MARGIN_SECONDS` of the audio), so that partials announce them as stable (the
+  protocol's ``stable``) about a second after they were said. Their audio is not trimmed:
+  every later decode hears the whole utterance again, with the committed words inside the
+  buffer forced as the decoder's ``prefix`` (CTranslate2; whisper.cpp cannot, and its words
+  are matched to them by :func:`after_committed`), so the endpoint's decode is the committed
+  words and what the whole audio says after them. The cost is the mishearings two
+  hypotheses agree on, frozen (docs/engines.md).
 - **The end** (an endpoint, the final) decodes the buffer whole once with the longer encoder
   (``final``) and appends its words after the committed ones.
 - **Bound.** A buffer that reaches what one decode holds (:func:`~.config.commit_samples`,
@@ -61,12 +72,14 @@ from .rolling import (
     drop_repeated_start,
     language_to_lock,
     pcm_samples,
+    stable_length,
     transcript_text,
     transcript_words,
 )
 
 __all__ = [
     "CONTEXT_SECONDS",
+    "EARLY_CONFIDENCE",
     "MARGIN_SECONDS",
     "PROMPT_CHARACTERS",
     "TRIM_SECONDS",
@@ -79,6 +92,7 @@ __all__ = [
 MARGIN_SECONDS = 0.3  # an agreed word is committed once this much audio follows it
 TRIM_SECONDS = 10.0  # a buffer longer than this is trimmed at a committed word
 CONTEXT_SECONDS = 3.0  # of audio a trim leaves before the end of the buffer, at least
+EARLY_CONFIDENCE = 0.5  # early: agreed words this probable in both hypotheses commit at once
 PROMPT_CHARACTERS = 200  # of the committed text, given as the prompt (whisper_streaming's)
 _TIME_SLACK = 0.1  # seconds: token times are approximate (whisper_streaming's margin)
 
@@ -142,6 +156,8 @@ class AgreementRecognition:
     n_audio_ctx: int = 1500  # the model's encoder length (bounds a decode's span)
     prompt: bool = True  # the committed text as Whisper's prompt (measured: on is better)
     trim_seconds: float = TRIM_SECONDS
+    early: bool = False  # commit agreed words at every hypothesis (policy "early")
+    confident: float = EARLY_CONFIDENCE  # early: what two hypotheses agree on at once
     _audio: npt.NDArray[np.float32] = field(default_factory=lambda: np.zeros(0, np.float32))
     _carry: bytes = b""
     _offset: int = 0  # samples trimmed before the buffer
@@ -152,6 +168,7 @@ class AgreementRecognition:
     _trimmed: int = 0  # committed words whose audio was trimmed (the rest are in the buffer)
     _tail: tuple[DecodedWord, ...] = ()  # the last hypothesis's words after the committed
     _agreed: int = 0  # of them, those the hypothesis before had too
+    _prior: tuple[DecodedWord, ...] = ()  # the hypothesis before that one, aligned with it
     _tail_end: float = 0.0  # where the audio the last hypothesis decoded ends (seconds)
     _locked_language: str | None = None
     decodes: int = 0  # hypotheses and commits decoded, for tests and benchmarks
@@ -188,7 +205,13 @@ class AgreementRecognition:
         self._due = max((self._due or period) + period, self._heard // period * period)
         if not self.interim_results:
             return []
-        return [EnginePartial(text=self._text(self._tail), words=self._words(self._tail))]
+        return [
+            EnginePartial(
+                text=self._text(self._tail),
+                words=self._words(self._tail),
+                stable=stable_length(self._committed),
+            )
+        ]
 
     def finish(self) -> EngineFinal:
         """The committed words and a whole decode of the buffer after them."""
@@ -232,8 +255,9 @@ class AgreementRecognition:
             text = " ".join(w.text for w in self._committed[: self._trimmed])
             prompt = text[-PROMPT_CHARACTERS:].lstrip()
         language = self._locked_language or self.language
+        inside = " ".join(w.text for w in self._committed[self._trimmed :])
         request = DecodeRequest(
-            language=language, timestamps=timestamps, final=final, prompt=prompt
+            language=language, timestamps=timestamps, final=final, prompt=prompt, prefix=inside
         )
         decoded = self.decoder.decode(audio, request)
         self.decodes += 1
@@ -256,36 +280,58 @@ class AgreementRecognition:
         words = self._decode(self._audio, timestamps=True, final=False)
         self._undecoded = 0
         fresh = self._fresh(words)
-        agreed = agreed_prefix(self._tail, fresh)
+        previous, prior = self._tail, self._prior
+        agreed = agreed_prefix(previous, fresh)
+        self._prior = previous
         self._tail = fresh
         self._agreed = agreed
         self._tail_end = (self._offset + self._audio.size) / SAMPLE_RATE
+        if self.early:
+            # Words three hypotheses agree on, and after them those two agree on that both
+            # heard with confidence; their audio stays: the end decodes it again.
+            count = min(agreed, agreed_prefix(prior, fresh))
+            while count < agreed and (
+                min(previous[count].probability, fresh[count].probability) >= self.confident
+            ):
+                count += 1
+            self._commit_agreed(context=0.0, most=count)
         trim = min(self.trim_seconds, 2 * self._span / 3 / SAMPLE_RATE)
         if self._audio.size > trim * SAMPLE_RATE:
-            self._commit_agreed(context=min(CONTEXT_SECONDS, trim / 3))
-            self._trim()
+            context = min(CONTEXT_SECONDS, trim / 3)
+            self._commit_agreed(context=context)
+            self._trim(before=self._tail_end - context)
 
-    def _commit_agreed(self, *, context: float) -> None:
-        """Commit the words the last two hypotheses agreed on that end ``context`` seconds
-        (and at least :data:`MARGIN_SECONDS`) before the end of the audio."""
+    def _commit_agreed(self, *, context: float, most: int | None = None) -> None:
+        """Commit the words the last two hypotheses agreed on (the first ``most`` of them at
+        most) that end ``context`` seconds (and at least :data:`MARGIN_SECONDS`) before the
+        end of the audio."""
         end = min(
             (self._offset + self._audio.size) / SAMPLE_RATE - context,
             self._tail_end - MARGIN_SECONDS,  # a word the hypothesis's audio cut is a guess
         )
-        count = self._agreed
+        count = self._agreed if most is None else min(most, self._agreed)
         while count and self._tail[count - 1].end > end:
             count -= 1
         self._committed.extend(self._tail[:count])
         self._tail = self._tail[count:]
+        self._prior = self._prior[count:]
         self._agreed = 0
 
-    def _trim(self) -> bool:
-        """Drop the buffer's audio up to the end of its last committed word; whether any."""
-        if len(self._committed) == self._trimmed:
+    def _trim(self, before: float | None = None) -> bool:
+        """Drop the buffer's audio up to the end of its last committed word (the last that
+        ends by ``before``, when given); whether any."""
+        count = len(self._committed)
+        if before is not None:
+            while count > self._trimmed and self._committed[count - 1].end > before:
+                count -= 1
+        if count == self._trimmed:
             return False
-        end = self._committed[-1].end
-        if self._tail and self._tail[0].start > end:
-            end = (end + self._tail[0].start) / 2  # halfway into the pause after it
+        end = self._committed[count - 1].end
+        following = self._committed[count] if count < len(self._committed) else None
+        if following is None and self._tail:
+            following = self._tail[0]
+        if following is not None and following.start > end:
+            end = (end + following.start) / 2  # halfway into the pause after it
         cut = round(end * SAMPLE_RATE) - self._offset
         if cut <= 0:
             return False
@@ -293,7 +339,7 @@ class AgreementRecognition:
         self._audio = self._audio[cut:]
         self._offset += cut
         self._undecoded = min(self._undecoded, self._audio.size)
-        self._trimmed = len(self._committed)
+        self._trimmed = count
         return True
 
     def _force(self) -> None:
@@ -317,6 +363,7 @@ class AgreementRecognition:
         self._offset += cut
         self._trimmed = len(self._committed)
         self._tail = tuple(fresh[count:])
+        self._prior = ()
         self._undecoded = self._audio.size
 
     def _text(self, tail: Sequence[DecodedWord]) -> str:

@@ -16,6 +16,7 @@ from ..runtime.vad import VadConfig
 __all__ = [
     "COMPUTE_TYPES",
     "MIN_DECODE_SAMPLES",
+    "POLICIES",
     "RollingConfig",
     "commit_samples",
     "encoder_positions",
@@ -24,6 +25,11 @@ __all__ = [
 
 log = logging.getLogger("talkies.engines")
 
+# How an open utterance commits words (:mod:`.utterances`): "timestamp", the timestamp cut
+# at window overflow (:mod:`.rolling`); "agreement", LocalAgreement-2 trimming long speech
+# (:mod:`.agreement`); "early", LocalAgreement-2 committing agreed words at every hypothesis,
+# so that partials announce a stable prefix within about a second of a word (docs/engines.md).
+POLICIES = ("agreement", "early", "timestamp")
 MIN_DECODE_SAMPLES = SAMPLE_RATE // 10  # whisper.cpp refuses input shorter than 100 ms
 # What CTranslate2 4.x takes as compute_type ("default": as the weights are stored; "auto":
 # the fastest the device supports).
@@ -71,6 +77,7 @@ class RollingConfig:
     vad_min_silence_seconds: float = 0.6
     vad_speech_pad_seconds: float = 0.3
     vad_min_speech_seconds: float = 0.2
+    policy: str = "timestamp"  # how an open utterance commits (POLICIES)
 
     @property
     def vad_config(self) -> VadConfig | None:
@@ -121,11 +128,15 @@ def resolve_config(options: Mapping[str, Any]) -> RollingConfig:
             f"option 'compute_type' must be one of {', '.join(sorted(COMPUTE_TYPES))}, "
             f"got {compute_type!r}"
         )
+    policy = options.get("policy", "timestamp")
+    if policy not in POLICIES:
+        raise ValueError(f"option 'policy' must be one of {', '.join(POLICIES)}, got {policy!r}")
     vad = options.get("vad", True)
     if not isinstance(vad, bool):
         raise ValueError(f"option 'vad' must be true or false, got {vad!r}")
     return RollingConfig(
         vad=vad,
+        policy=policy,
         vad_threshold=number_option(options, "vad_threshold", 0.5, 0.05, 0.95),
         vad_min_silence_seconds=number_option(options, "vad_min_silence_seconds", 0.6, 0.1, 10.0),
         vad_speech_pad_seconds=number_option(options, "vad_speech_pad_seconds", 0.3, 0.0, 2.0),

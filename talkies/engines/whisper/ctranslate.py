@@ -7,8 +7,10 @@ int8 on CPU by default, behind the same seam as whisper.cpp (:class:`~.model.Bas
   decode encodes what :func:`~.config.encoder_positions` says, exactly as whisper.cpp's
   ``audio_ctx`` does: partials just the window, commits and finals ``final_audio_ctx``.
 - **Decoding**: greedy (``beam_size`` 1), timestamp tokens on (Whisper's native mode, as
-  for whisper.cpp), no text carried between calls, no temperature fallback, CTranslate2's
-  default suppression of non-speech symbols, a bound on tokens per second of audio.
+  for whisper.cpp), no text carried between calls (but a request's ``prefix``, committed
+  words decoded again, is forced as the transcript's first tokens), no temperature
+  fallback, CTranslate2's default suppression of non-speech symbols, a bound on tokens per
+  second of audio.
 - **Word times** come from cross-attention alignment (``Whisper.align``: the alignment heads
   of ``config.json``, a median filter and dynamic time warping, as faster-whisper does),
   asked for only when the decode needs them (commits, finals, word timestamps): one more
@@ -54,6 +56,7 @@ log = logging.getLogger("talkies.engines")
 
 _SECONDS_PER_POSITION = 0.02  # an encoder position (and a timestamp token): 20 ms
 _MAX_TEXT_CTX = 448  # Whisper's decoder positions
+_PAST_END = 0.06  # seconds: a word that starts this close to the audio's end has no audio
 _MEDIAN_FILTER = 7  # of the attention weights before alignment (OpenAI's and faster-whisper's)
 
 
@@ -165,13 +168,20 @@ class Ct2WhisperModel(BaseWhisperModel):
         if language == "auto":
             language = self._detect(encoded) if self.multilingual else "en"
         prompt = self._start(language)
+        forced = prompt
+        if request.prefix.strip():
+            # The request's words forced as the transcript's start (after the first timestamp
+            # token, as faster-whisper's ``prefix``): CTranslate2 returns them as the first
+            # tokens of the sequence, then what it decodes after them.
+            given = self.vocabulary.encode(" " + request.prefix.strip())
+            forced = [*prompt, self.vocabulary.timestamp_begin, *given[-(_MAX_TEXT_CTX // 2) :]]
         # A bound on runaway repetition: ~12 tokens a second of audio is far above speech.
         budget = 32 + math.ceil(audio.size / SAMPLE_RATE * 12)
         result = self._model.generate(
             encoded,
-            [prompt],
+            [forced],
             beam_size=1,
-            max_length=min(budget, _MAX_TEXT_CTX - len(prompt)),
+            max_length=min(budget + len(forced) - len(prompt), _MAX_TEXT_CTX - len(prompt)),
             suppress_blank=True,
         )[0]
         self._counted()
@@ -184,7 +194,14 @@ class Ct2WhisperModel(BaseWhisperModel):
             tokens = self._spread(sequence, audio.size / SAMPLE_RATE)
         else:
             tokens = [_Token(t, 0.0, 0.0, 1.0) for t in text]
-        return Decoded(words=tuple(self._words(tokens)), language=language)
+        words = self._words(tokens)
+        if forced is not prompt and request.timestamps and self.aligns:
+            # Forced into a prefix, Whisper may go on past the audio's end with the whole
+            # utterance again (measured on base, partials): words aligned to the last frames.
+            forced_words = len(request.prefix.split())
+            end = frames * HOP / SAMPLE_RATE - _PAST_END
+            words = [w for k, w in enumerate(words) if k < forced_words or w.start < end]
+        return Decoded(words=tuple(words), language=language)
 
     def _spread(self, sequence: list[int], limit: float) -> list[_Token]:
         """Text tokens timed from the timestamp tokens around them, spread evenly: the word

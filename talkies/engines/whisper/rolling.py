@@ -27,6 +27,7 @@ __all__ = [
     "drop_repeated_start",
     "language_to_lock",
     "pcm_samples",
+    "stable_length",
     "transcript_text",
     "transcript_words",
 ]
@@ -61,6 +62,11 @@ class DecodeRequest:
     timestamps: bool  # token-level timestamps (word times)
     final: bool  # words that will be committed or final: one decode, the longer encoder
     prompt: str = ""  # text before the audio, as Whisper's prompt ("": none)
+    # Words the transcript of the audio must begin with ("": none): committed words whose
+    # audio is decoded again. A backend that can force them as the decoder's prefix
+    # (CTranslate2) returns them as its first words, then what it hears after them; one that
+    # cannot (whisper.cpp) ignores it, and the caller matches its words against them.
+    prefix: str = ""
 
 
 class Decoder(Protocol):
@@ -97,6 +103,12 @@ def language_to_lock(
 
 def transcript_text(committed: Sequence[DecodedWord], tail: Sequence[DecodedWord]) -> str:
     return " ".join(w.text for w in (*committed, *tail))
+
+
+def stable_length(committed: Sequence[DecodedWord]) -> int:
+    """The ``stable`` of a partial whose text is :func:`transcript_text` of ``committed`` and
+    a tail: the committed words' joined text, which the utterance's end begins with."""
+    return len(" ".join(w.text for w in committed))
 
 
 def transcript_words(
@@ -225,7 +237,11 @@ class WhisperRecognition:
         if not self.interim_results:
             return []
         return [
-            EnginePartial(text=self._text(self._tail.words), words=self._words(self._tail.words))
+            EnginePartial(
+                text=self._text(self._tail.words),
+                words=self._words(self._tail.words),
+                stable=stable_length(self._committed),
+            )
         ]
 
     def finish(self) -> EngineFinal:

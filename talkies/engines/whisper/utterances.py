@@ -11,12 +11,20 @@ The stream's audio goes through :class:`~talkies.engines.runtime.vad.VoiceActivi
   stream time. ``policy="agreement"`` gives it LocalAgreement-2 instead
   (:class:`~.agreement.AgreementRecognition`, with the committed text as prompt), which
   measured worse on long speech (docs/engines.md, "Long speech"); benchmarks select it.
+  ``policy="early"`` (entry option ``policy``) is LocalAgreement-2 committing agreed words
+  at every hypothesis, a second or so after they were said. The policy comes from the
+  entry's options unless the caller names one.
+- **Stable text.** Every partial says how much of it is committed (``stable``: the length
+  of its committed words' text, which the endpoint or the final begins with exactly); under
+  the timestamp cut that is nothing until an utterance outgrows one decode (about 15 s),
+  under "early" the words agreed on so far.
 - **At a pause** (``vad_min_silence_seconds`` under the threshold) the utterance is decoded
   whole once, with the longer encoder (the recognition's ``finish``), and sent as an
   ``endpoint`` event: the protocol's utterance boundary, as Vosk and Sherpa send theirs.
-  Words committed within the utterance are never revised, so its endpoint has every one of
-  them. An utterance with less than ``vad_min_speech_seconds`` of speech (a click) ends with
-  an empty endpoint, undecoded: it withdraws any partial it showed.
+  Words committed within the utterance are never revised, so its endpoint begins with every
+  one of them. An utterance with less than ``vad_min_speech_seconds`` of speech (a click)
+  ends with an empty endpoint, undecoded: it withdraws any partial it showed (unless it
+  committed words: then it is decoded, to keep the promise).
 - **The final** (``end``) is the whole decode of the open utterance (empty when none is
   open), the audio after the last endpoint, as the contract says.
 
@@ -38,12 +46,10 @@ from ...protocol.events import SAMPLE_RATE
 from ..base import EngineUpdate
 from ..runtime.vad import SpeechEnd, SpeechStart, VoiceActivity
 from .agreement import AgreementRecognition
-from .config import RollingConfig, commit_samples
+from .config import POLICIES, RollingConfig, commit_samples
 from .rolling import Decoder, WhisperRecognition, pcm_samples
 
 __all__ = ["POLICIES", "UtteranceRecognition"]
-
-POLICIES = ("agreement", "timestamp")  # how an open utterance commits (module docstring)
 
 
 def _shifted(words: Sequence[Word], seconds: float) -> tuple[Word, ...]:
@@ -63,9 +69,10 @@ class UtteranceRecognition:
         word_timestamps: bool = False,
         interim_results: bool = True,
         n_audio_ctx: int = 1500,
-        policy: str = "timestamp",
+        policy: str | None = None,
         prompt: bool = True,
     ) -> None:
+        policy = config.policy if policy is None else policy
         if policy not in POLICIES:
             raise ValueError(f"unknown commit policy {policy!r}")
         self.policy = policy
@@ -151,7 +158,7 @@ class UtteranceRecognition:
         language = self.language
         if language == "auto" and self._language_found:
             language = self._language_found
-        if self.policy == "agreement":
+        if self.policy in ("agreement", "early"):
             self._open = AgreementRecognition(
                 self.decoder,
                 self._utterance_config,
@@ -160,6 +167,7 @@ class UtteranceRecognition:
                 interim_results=self.interim_results,
                 n_audio_ctx=self.n_audio_ctx,
                 prompt=self.prompt,
+                early=self.policy == "early",
             )
         else:
             self._open = WhisperRecognition(
@@ -199,8 +207,8 @@ class UtteranceRecognition:
         utterance, start = self._open, self._open_start
         self._open = None
         try:
-            if event.short:
-                return EngineEndpoint(text="")
+            if event.short and not utterance.committed_text:
+                return EngineEndpoint(text="")  # a click: withdraws what it showed
             final = utterance.finish()
             self._language_found = self._language_found or utterance.language_found
         finally:
