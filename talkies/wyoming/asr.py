@@ -1,13 +1,20 @@
 """Speech to text over Wyoming: ``transcribe {name?, language?}``, then ``audio-start`` /
 ``audio-chunk``* / ``audio-stop`` (any rate, width and channel count, converted to 16 kHz
-mono) -> ``transcript-start``, a ``transcript-chunk`` for each utterance the engine commits
-(append-only: the chunks join into the transcript), ``transcript``, ``transcript-stop``.
+mono) -> ``transcript-start``, ``transcript-chunk`` events, ``transcript``,
+``transcript-stop``.
+
+The chunks are append-only: joined, they are the transcript, exactly. A chunk is sent as soon
+as text is certain: the part of a partial's stable prefix (``stable``: the leading characters
+the engine promises its endpoint begins with; Whisper's committed words) not sent yet, and at
+each endpoint (and the final) the rest of that utterance (:class:`Chunks`). An engine that
+promises nothing (Vosk, sherpa) gives one chunk per utterance, at its endpoint.
 
 A transcription is a pool stream: the same slots, pinning and engine runtime as a WebSocket
 stream; its audio is decoded while it arrives."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -17,17 +24,64 @@ from .. import metrics
 from ..engines import catalogue
 from ..engines.base import EngineStream, Refusal, RefusalKind
 from ..engines.supply.builtin import DEFAULT_MODEL
-from ..protocol import EngineEndpoint, EngineFailed, EngineFinal
+from ..protocol import EngineEndpoint, EngineFailed, EngineFinal, EnginePartial
 from ..protocol.messages import StartOptions, normalize_language
 from .audio import AudioFormatError, PcmConverter, audio_format
 from .channel import Channel, Close, text_field
 from .framing import WireEvent
 
-__all__ = ["Transcriber"]
+__all__ = ["Chunks", "Transcriber"]
+
+log = logging.getLogger("talkies.wyoming")
 
 _INVALID = RefusalKind.INVALID_INPUT
 _SURFACE = "wyoming"  # the metrics' surface label
 _EVENT_LATENCY = metrics.EVENT_LATENCY_SECONDS.labels(surface=_SURFACE)
+
+
+class Chunks:
+    """A transcription's ``transcript-chunk`` texts, from the engine's results.
+
+    Each utterance's text is stripped and joined to the one before by a space, as the
+    transcript always was; within an utterance, what a partial's stable prefix adds (stripped
+    of trailing space, which the endpoint might not have) is sent at once, the rest at its
+    endpoint. ``text`` is every chunk joined: the transcript.
+    """
+
+    def __init__(self) -> None:
+        self.text = ""  # every chunk so far, joined
+        self._open = ""  # of the open utterance, what was sent (stripped, no separator)
+
+    def partial(self, result: EnginePartial) -> str:
+        """The chunk a partial makes certain ("" when nothing new)."""
+        if not result.stable or result.stable <= 0:
+            return ""
+        certain = result.text[: result.stable].strip()
+        if len(certain) <= len(self._open) or not certain.startswith(self._open):
+            return ""  # nothing new (a stable prefix never shrinks nor changes)
+        return self._send(certain)
+
+    def end(self, result: EngineEndpoint | EngineFinal) -> str:
+        """The rest of an utterance at its endpoint (or the final)."""
+        text = result.text.strip()
+        if not text.startswith(self._open):
+            # A broken promise: what was sent stands (chunks are never withdrawn); the
+            # endpoint's text follows it.
+            log.warning("an endpoint does not begin with the stable text sent before it")
+            self.text += " " + text if text else ""
+            self._open = ""
+            return " " + text if text else ""
+        piece = self._send(text) if len(text) > len(self._open) else ""
+        self._open = ""
+        return piece
+
+    def _send(self, certain: str) -> str:
+        piece = certain[len(self._open) :]
+        if not self._open and self.text:
+            piece = " " + piece  # a new utterance: the separator comes with its first chunk
+        self._open = certain
+        self.text += piece
+        return piece
 
 
 class _Transcription:
@@ -36,7 +90,7 @@ class _Transcription:
     def __init__(self, stream: EngineStream, converter: PcmConverter) -> None:
         self.stream = stream
         self.converter = converter
-        self.sent: list[str] = []  # the transcript-chunks sent, in order
+        self.chunks = Chunks()  # the transcript-chunks sent
         self.done = anyio.Event()
         # For the metrics: how it ended (as a WebSocket stream's outcome, and its error
         # code), the audio-chunks taken, when audio last went to the engine.
@@ -116,16 +170,18 @@ class Transcriber:
         send = self.channel.send
         try:
             async for result in job.stream.events():
-                if isinstance(result, EngineEndpoint | EngineFinal) and result.text.strip():
-                    text = result.text.strip()
-                    piece = text if not job.sent else " " + text
-                    job.sent.append(text)
+                piece = ""
+                if isinstance(result, EnginePartial):
+                    piece = job.chunks.partial(result)
+                elif isinstance(result, EngineEndpoint | EngineFinal):
+                    piece = job.chunks.end(result)
+                if piece:
                     if job.fed_at:
                         _EVENT_LATENCY.observe(time.monotonic() - job.fed_at)
                     await send("transcript-chunk", {"text": piece})
                 if isinstance(result, EngineFinal):
                     job.outcome = ("end", "")
-                    transcript: dict[str, Any] = {"text": " ".join(job.sent)}
+                    transcript: dict[str, Any] = {"text": job.chunks.text}
                     if self.language:
                         transcript["language"] = self.language
                     await send("transcript", transcript)
