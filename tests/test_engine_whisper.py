@@ -547,7 +547,11 @@ def stream_over_websocket(url: str, model: str, pcm: bytes) -> list[dict[str, An
 
 
 def test_base_streaming_accuracy_matches_offline(base_model: Any) -> None:
-    clips = speech_clips()
+    """whisper.cpp's live stream (``whisper-base-en-cpp``) as accurate as its own file
+    decode, clip by clip: the sentences one by one. Their 24.7 s join added two minutes and
+    no case of its own; sentences with pauses between them are streamed on the default
+    backend (CTranslate2) in test_whisper_utterances and test_whisper_ct2."""
+    clips = [c for c in speech_clips() if c.name != "librivox-joined"]
     offline_config = RollingConfig(final_audio_ctx=1500)  # Whisper's own 30 s encoder
     provider = LoadedModelProvider({"whisper-base": base_model})
     rows = []

