@@ -52,7 +52,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 NOISY = 0.25  # cores of other load above which a section's figures are disturbed
-ORDER = ("ingest", "paced", "sherpa_server", "vosk", "batching", "http", "load")
+ORDER = ("ingest", "paced", "sherpa_server", "vosk", "batching", "http", "live_peers", "load")
 PACKAGES = (
     "wsproto",
     "h11",
@@ -82,11 +82,15 @@ LABELS = {
 }
 
 
-def parameters(quick: bool, sherpa_src: str | None) -> dict[str, dict[str, Any]]:
+def parameters(
+    quick: bool, sherpa_src: str | None, live_peers: str | None = None
+) -> dict[str, dict[str, Any]]:
     """Each section's parameters: ``--quick`` is a smoke run (a few minutes), not a result."""
     peers = ["talkies", "bare", "starlette", "websockets", "asgi", "asgi-websockets"]
+    live = {"peers": live_peers, "streams": [1] if quick else [1, 2, 3, 4], "timeout": 1100}
     if quick:
         return {
+            "live_peers": live,
             "ingest": {"frames": 20_000, "connections": 4, "repeat": 1, "servers": peers},
             "paced": {
                 "streams": [20, 100],
@@ -145,6 +149,7 @@ def parameters(quick: bool, sherpa_src: str | None) -> dict[str, dict[str, Any]]
             "tts_models": ["qwen3-tiny-random", "qwen3-tiny-long"],
             "tts_repeat": 3,
         },
+        "live_peers": live,
         "load": {"timeout": 900, "args": []},
     }
 
@@ -269,6 +274,9 @@ READINGS = {
     "batching": "real-time streams per core, batched over per stream (>1: batching helps)",
     "http": "route over direct call (1 = no overhead); TTS: first audio over whole (small: "
     "streamed early)",
+    "live_peers": "talkies over WhisperLive / WhisperLiveKit on the same Whisper base weights, "
+    "one paced stream (<1: talkies answers sooner, errs less, costs less); the whole table, "
+    "with the largest real-time N, is above",
 }
 
 
@@ -322,6 +330,10 @@ def markdown(record: dict[str, Any], stem: str) -> str:
     elif "load" in record["sections"]:
         load = record["sections"]["load"]
         lines += ["", f"bench/load.py: {load.get('error') or load.get('skipped')}"]
+    live = (record["sections"].get("live_peers") or {}).get("result") or {}
+    if live.get("table"):
+        lines += ["", f"bench/live_peers.py ({live.get('command', '')}):", "", "```"]
+        lines += [live["table"].rstrip(), "```"]
     lines += ["", "How to read each section's ratios:", ""]
     lines += [f"- **{k}**: {v}" for k, v in READINGS.items() if k in record["sections"]]
     notes = notes_of(record)
@@ -383,6 +395,11 @@ def notes_of(record: dict[str, Any]) -> list[str]:
         notes.append(
             "transcription route = upload + form parsing + ffmpeg decode + slot + transcribe; "
             f"direct = transcribe on the decoded PCM. Same text both ways: {eq}."
+        )
+    if "live_peers" in s and "result" in s["live_peers"]:
+        source = s["live_peers"].get("source", "run by this report")
+        notes.append(
+            f"bench/live_peers.py's run ({source}) is in the JSON, under sections.live_peers."
         )
     if "load" in s and "result" in s["load"]:
         source = s["load"].get("source", "run by this report")
@@ -513,6 +530,17 @@ def main() -> int:
         type=Path,
         help="include this bench/load.py --out record instead of running it",
     )
+    parser.add_argument(
+        "--live-peers",
+        default=os.environ.get("TALKIES_LIVE_PEERS"),
+        help="the python of a venv with whisper-live and whisperlivekit (bench/live_peers.py's "
+        "--peers); without it the live_peers section is skipped",
+    )
+    parser.add_argument(
+        "--live-peers-json",
+        type=Path,
+        help="include the last run of this bench/live_peers.py --out file instead of running it",
+    )
     parser.add_argument("--sections", default=",".join(ORDER[:-1]), help="comma-separated")
     parser.add_argument("--out-dir", type=Path, default=HERE / "results")
     parser.add_argument(
@@ -558,7 +586,7 @@ def main() -> int:
     src = args.sherpa_onnx_src  # explicit only: no folder of one machine is assumed
     if src == "none":
         src = None
-    params = parameters(args.quick, src)
+    params = parameters(args.quick, src, args.live_peers)
     wanted = [x for x in args.sections.split(",") if x]
     if args.with_load and "load" not in wanted:
         wanted.append("load")
@@ -592,6 +620,15 @@ def main() -> int:
         record["sections"][name] = result
         shown = {k: round(v, 3) for k, v in (result.get("ratios") or {}).items()}
         print(f"   {result.get('error', '')} {shown}", file=sys.stderr, flush=True)
+    if args.live_peers_json is not None:
+        from bench.report_parts import live_peer_ratios
+
+        run = json.loads(args.live_peers_json.read_text())["runs"][-1]
+        record["sections"]["live_peers"] = {
+            "result": run,
+            "ratios": live_peer_ratios(run["summary"]),
+            "source": f"read from {args.live_peers_json} (its last run, {run['started_utc']})",
+        }
     if args.load_json is not None:
         record["sections"]["load"] = {
             "result": json.loads(args.load_json.read_text()),

@@ -675,6 +675,40 @@ def load(p: dict[str, Any]) -> dict[str, Any]:
         return {"result": json.loads(target.read_text()), "output": done.stdout[-4000:]}
 
 
+def live_peer_ratios(summary: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Talkies over each live Whisper peer, from bench/live_peers.py's summary (N=1)."""
+    ours = summary["talkies"]
+    out: dict[str, float] = {}
+    for peer in ("whisperlive", "whisperlivekit"):
+        theirs = summary.get(peer) or {}
+        for key, label in (
+            ("word_delay_p90_s", "word delay p90"),
+            ("wer", "WER"),
+            ("cpu_s_per_audio_s", "CPU per audio s"),
+            ("peak_rss_mb", "peak RSS"),
+        ):
+            if theirs.get(key) and ours.get(key) is not None:
+                out[f"talkies / {peer}, {label}"] = ours[key] / theirs[key]
+    return out
+
+
+def live_peers(p: dict[str, Any]) -> dict[str, Any]:
+    """bench/live_peers.py: Talkies beside WhisperLive and WhisperLiveKit (their own venv)."""
+    if not p.get("peers"):
+        return {"skipped": "no peers' venv: pass --live-peers PYTHON (bench/live_peers.py)"}
+    with tempfile.TemporaryDirectory(prefix="talkies-report-") as tmp:
+        target = Path(tmp) / "live.json"
+        cmd = [sys.executable, str(HERE / "live_peers.py"), "--peers", p["peers"]]
+        cmd += ["--streams", ",".join(str(n) for n in p["streams"]), "--out", str(target)]
+        done = subprocess.run(
+            cmd, check=False, capture_output=True, text=True, timeout=p["timeout"], env=env()
+        )
+        if done.returncode != 0 or not target.exists():
+            return {"error": f"live_peers.py failed ({done.returncode}): {done.stderr[-1500:]}"}
+        run = json.loads(target.read_text())["runs"][-1]
+    return {"result": run, "ratios": live_peer_ratios(run["summary"])}
+
+
 SECTIONS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "ingest": ingest,
     "paced": paced,
@@ -682,5 +716,6 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "vosk": vosk,
     "batching": batching,
     "http": http,
+    "live_peers": live_peers,
     "load": load,
 }

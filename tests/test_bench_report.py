@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -158,3 +159,18 @@ def test_the_paced_section_paces_every_server_in_turns() -> None:
         assert len(row["quantiles"]) == 201 and row["server_cores"] > 0
     assert set(result["ratios"]) == {"p99 talkies/bare N=20", "CPU per frame talkies/bare N=20"}
     assert result["spread"]["p99 talkies/bare N=20"][2] == 2
+
+
+def test_a_live_peers_record_renders_its_ratios_and_table() -> None:
+    from bench import report_parts
+
+    live = json.loads((ROOT / "bench" / "results" / "2026-12-02-live-peers.json").read_text())
+    run = live["runs"][-1]
+    record = _record()
+    record["sections"] = {"live_peers": {"result": run, "source": "test"}}
+    record["sections"]["live_peers"]["ratios"] = report_parts.live_peer_ratios(run["summary"])
+    text = report.markdown(record, "x")
+    summary = run["summary"]
+    ratio = summary["talkies"]["word_delay_p90_s"] / summary["whisperlive"]["word_delay_p90_s"]
+    assert f"| live_peers | talkies / whisperlive, word delay p90 | {ratio:.2f}x |" in text
+    assert run["table"].splitlines()[1] in text  # Talkies' row of the whole table
