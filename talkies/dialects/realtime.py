@@ -543,9 +543,21 @@ class RealtimeTranslator:
         return out
 
     def _text_part(self, item: TextReceived) -> list[ClientInput]:
-        data = (
-            item.data.encode("utf-8", "surrogatepass") if isinstance(item.data, str) else item.data
-        )
+        text = item.data
+        if (
+            item.final
+            and self._text is None
+            and isinstance(text, str)
+            and 4 * len(text) <= self._max_event  # UTF-8: at most 4 bytes a character
+            and text[:1] != "\ufeff"
+            and "\x00" not in text[:2]
+        ):
+            # A whole message (every append): parsed as the str it is. json.loads would
+            # decode its UTF-8 back to this same str (no BOM, no NUL in the first two
+            # characters: nothing there that selects another encoding), so nothing changes
+            # but an encode and a decode.
+            return self._event(text)
+        data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
         buffered = self._text if self._text is not None else bytearray()
         if len(buffered) + len(data) > self._max_event:
             # The native session refuses it (message_too_large) and closes 4400.
@@ -558,7 +570,7 @@ class RealtimeTranslator:
         self._text = None
         return self._event(bytes(buffered) + data if buffered else data)
 
-    def _event(self, data: bytes) -> list[ClientInput]:
+    def _event(self, data: bytes | str) -> list[ClientInput]:
         try:
             event = json.loads(data)
         except (ValueError, RecursionError):
@@ -575,10 +587,10 @@ class RealtimeTranslator:
                 raise EventError(
                     code="missing_required_parameter", message="the event has no type", param="type"
                 )
+            if kind == "input_audio_buffer.append":  # the usual one first
+                return self._append(event)
             if kind in ("session.update", "transcription_session.update"):
                 return self._update(event, beta=kind == "transcription_session.update")
-            if kind == "input_audio_buffer.append":
-                return self._append(event)
             if kind == "input_audio_buffer.clear":
                 self._clear()
                 return self._activity()
@@ -629,11 +641,17 @@ class RealtimeTranslator:
                 param="audio",
             )
         try:
-            pcm = base64.b64decode(audio, validate=True)
+            # strict_mode takes only what validate=True takes, and gives the same bytes
+            # (a2b_base64 without the regex b64decode checks with first); whatever it
+            # refuses is decided by b64decode itself, as before.
+            pcm = binascii.a2b_base64(audio, strict_mode=True)
         except (binascii.Error, ValueError):
-            raise EventError(
-                code="invalid_value", message="audio is not valid base64", param="audio"
-            ) from None
+            try:
+                pcm = base64.b64decode(audio, validate=True)
+            except (binascii.Error, ValueError):
+                raise EventError(
+                    code="invalid_value", message="audio is not valid base64", param="audio"
+                ) from None
         if len(pcm) & 1:
             raise EventError(
                 code="invalid_value",
@@ -644,7 +662,9 @@ class RealtimeTranslator:
             return self._activity()
         self._appended += len(pcm)
         step = self._max_frame
-        frames = [pcm[i : i + step] for i in range(0, len(pcm), step)]
+        frames = (
+            [pcm] if len(pcm) <= step else [pcm[i : i + step] for i in range(0, len(pcm), step)]
+        )
         opening = self._open()
         if not self.streaming:
             self._held.extend(frames)
