@@ -18,6 +18,7 @@ import itertools
 import json
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -250,6 +251,16 @@ def test_tiny_rolls_with_word_times(tiny: Any) -> None:
     assert 16 <= tiny.decodes - before <= 16 + 8  # refreshes, commits, the final
 
 
+def test_final_beam_size_is_checked() -> None:
+    from talkies.engines.whisper.config import resolve_config
+
+    assert resolve_config({}).final_beam_size == 5
+    assert resolve_config({"final_beam_size": 1}).final_beam_size == 1
+    for bad in (0, 17, -1, 2.0, "5", True, None):
+        with pytest.raises(ValueError, match="final_beam_size"):
+            resolve_config({"final_beam_size": bad})
+
+
 @needs_ct2
 def test_load_checks_the_folder(tmp_path: Path) -> None:
     from talkies.engines.whisper import load_ct2
@@ -261,6 +272,8 @@ def test_load_checks_the_folder(tmp_path: Path) -> None:
     tiny_ct2(folder, multilingual=False)
     with pytest.raises(EngineUnavailable, match="compute_type"):
         load_ct2(ct2_entry(folder, compute_type="int3"), folder, "cpu")
+    with pytest.raises(EngineUnavailable, match="final_beam_size"):
+        load_ct2(ct2_entry(folder, final_beam_size=0), folder, "cpu")
     (folder / "model.bin").write_bytes(b"lmgg" + bytes(64))  # a ggml file, not CTranslate2
     with pytest.raises(EngineUnavailable, match="not a CTranslate2 Whisper folder"):
         load_ct2(ct2_entry(folder), folder, "cpu")
@@ -445,6 +458,37 @@ def test_base_forces_a_prefix(base: Any) -> None:
     half = audio[: audio.size // 2]
     decoded = base.decode(half, DecodeRequest("en", True, final=False, prefix="And Mr. John"))
     assert normalize_words(decoded.text).count("john") == 1, decoded.text
+
+
+def test_base_beam_search_for_finals(base: Any) -> None:
+    """``final_beam_size`` > 1: a final decode (and a file's) by beam search hears the
+    reference words with word times, and still begins with a forced prefix."""
+    saved = base.config
+    base.config = replace(saved, final_beam_size=3)
+    try:
+        goforward = clip("goforward")
+        decoded = base.decode(floats(goforward.pcm), DecodeRequest("en", True, final=True))
+        assert normalize_words(decoded.text) == ["go", "forward", "ten", "meters"]
+        words = decoded.words
+        assert all(a.start <= b.start for a, b in itertools.pairwise(words))
+        assert words[-1].end <= goforward.seconds + 0.05
+        assert all(0 < w.probability <= 1 for w in words)
+        transcript = base.transcribe(goforward.pcm, Request(language="en", word_timestamps=True))
+        assert normalize_words(transcript.text) == ["go", "forward", "ten", "meters"]
+        assert transcript.segments[0].avg_logprob is not None
+        sentence = clip("0870")
+        audio = floats(sentence.pcm)
+        for prefix in ("And Mr. John", "And Sir John"):
+            decoded = base.decode(audio, DecodeRequest("en", True, final=True, prefix=prefix))
+            assert decoded.text.startswith(prefix + " "), decoded.text
+            assert "dashwood" in normalize_words(decoded.text)
+            assert all(w.start < sentence.seconds for w in decoded.words)
+        errors, n = word_errors(
+            base.decode(audio, DecodeRequest("en", False, final=True)).text, sentence.reference
+        )
+        assert errors / n <= 0.1
+    finally:
+        base.config = saved
 
 
 @pytest.mark.parametrize("step", [640, 4800])

@@ -69,6 +69,12 @@ class RollingConfig:
     # CTranslate2's computation type (the whisper_ct2 executor; whisper.cpp ignores it):
     # int8 weights and matrix products on CPU by default (:mod:`.ctranslate`).
     compute_type: str = "int8"
+    # CTranslate2's beam size for the decodes whose words are kept (the whisper_ct2 executor;
+    # whisper.cpp ignores it): ``DecodeRequest.final`` ones (an utterance's final, a commit)
+    # and a file's 30 s decodes at temperature 0. Partials stay greedy. 1: greedy everywhere.
+    # 5 (faster-whisper's): measured better WER for ~5 % more live CPU (docs/engines.md,
+    # "Whisper backends").
+    final_beam_size: int = 5
     # Voice activity detection (:mod:`talkies.engines.runtime.vad`): utterances cut at pauses,
     # each decoded whole once and sent as an endpoint; silence is not decoded. Off: the
     # rolling window alone, over the whole stream, with no endpoints.
@@ -151,6 +157,7 @@ def resolve_config(options: Mapping[str, Any]) -> RollingConfig:
         language=language,
         model_file=model_file,
         compute_type=compute_type,
+        final_beam_size=int_option(options, "final_beam_size", 5, 1, 16),
     )
 
 

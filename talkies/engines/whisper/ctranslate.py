@@ -6,7 +6,8 @@ int8 on CPU by default, behind the same seam as whisper.cpp (:class:`~.model.Bas
 - **Encoder length.** CTranslate2 (4.x) encodes any number of frames up to 30 s, so a live
   decode encodes what :func:`~.config.encoder_positions` says, exactly as whisper.cpp's
   ``audio_ctx`` does: partials just the window, commits and finals ``final_audio_ctx``.
-- **Decoding**: greedy (``beam_size`` 1), timestamp tokens on (Whisper's native mode, as
+- **Decoding**: greedy (``beam_size`` 1; ``final_beam_size`` for the decodes whose words
+  are kept: finals, commits, a file's), timestamp tokens on (Whisper's native mode, as
   for whisper.cpp), no text carried between calls (but a request's ``prefix``, committed
   words decoded again, is forced as the transcript's first tokens), no temperature
   fallback, CTranslate2's default suppression of non-speech symbols, a bound on tokens per
@@ -157,7 +158,8 @@ class Ct2WhisperModel(BaseWhisperModel):
 
     def decode(self, audio: npt.NDArray[np.float32], request: DecodeRequest) -> Decoded:
         """Transcribe ``audio`` (float32 mono 16 kHz): encode what the request's encoder
-        length holds, generate greedily, align the words when times are asked for."""
+        length holds, generate (greedily; a final by beam search if ``final_beam_size`` says
+        so), align the words when times are asked for."""
         if audio.size < MIN_DECODE_SAMPLES:
             audio = np.concatenate([audio, np.zeros(MIN_DECODE_SAMPLES - audio.size, np.float32)])
         positions = encoder_positions(
@@ -177,10 +179,14 @@ class Ct2WhisperModel(BaseWhisperModel):
             forced = [*prompt, self.vocabulary.timestamp_begin, *given[-(_MAX_TEXT_CTX // 2) :]]
         # A bound on runaway repetition: ~12 tokens a second of audio is far above speech.
         budget = 32 + math.ceil(audio.size / SAMPLE_RATE * 12)
+        # Beam search (``final_beam_size``) only for the words that are kept; a partial is
+        # greedy. CTranslate2 forces the prefix on every beam alike and returns the best
+        # hypothesis first (``num_hypotheses`` 1), so what follows is the same either way.
+        beam = self.config.final_beam_size if request.final else 1
         result = self._model.generate(
             encoded,
             [forced],
-            beam_size=1,
+            beam_size=beam,
             max_length=min(budget + len(forced) - len(prompt), _MAX_TEXT_CTX - len(prompt)),
             suppress_blank=True,
         )[0]
@@ -221,7 +227,9 @@ class Ct2WhisperModel(BaseWhisperModel):
 
         for token in sequence:
             if token >= begin:
-                at = (token - begin) * _SECONDS_PER_POSITION
+                # A timestamp past the audio's end (beam search of a weak model finds them)
+                # times nothing after the end.
+                at = min((token - begin) * _SECONDS_PER_POSITION, limit)
                 if pending:
                     flush(max(at, start))
                 start = at
@@ -350,13 +358,18 @@ class Ct2WhisperModel(BaseWhisperModel):
         return language, tuple(segments)
 
     def _generate_file(self, encoded: Any, prompt: list[int], temperature: float) -> Any:
-        sampling: dict[str, Any] = {}
+        # Temperature 0: beam search of ``final_beam_size`` (a file is decoded once, as a
+        # final is); above it, sampling, which beams do not go with (as faster-whisper).
+        sampling: dict[str, Any] = {"beam_size": self.config.final_beam_size}
         if temperature > 0:
-            sampling = {"sampling_topk": 0, "sampling_temperature": float(temperature)}
+            sampling = {
+                "beam_size": 1,
+                "sampling_topk": 0,
+                "sampling_temperature": float(temperature),
+            }
         return self._model.generate(
             encoded,
             [prompt],
-            beam_size=1,
             max_length=_MAX_TEXT_CTX - len(prompt),
             return_scores=True,
             suppress_blank=True,
@@ -369,7 +382,8 @@ class Ct2WhisperModel(BaseWhisperModel):
         if not scores:
             return None
         # CTranslate2 scores a hypothesis by its log-probability over its length (length
-        # penalty 1); Whisper's avg_logprob counts end-of-text too (faster-whisper's).
+        # penalty 1, greedy or beam); Whisper's avg_logprob counts end-of-text too
+        # (faster-whisper's).
         return float(scores[0]) * length / (length + 1)
 
     def _split(
