@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -35,7 +35,6 @@ from ..protocol import ErrorCode
 from ..protocol.messages import StartOptions
 from . import catalogue
 from .base import (
-    EngineEvent,
     EngineStream,
     EngineUnavailable,
     ListeningStream,
@@ -116,18 +115,9 @@ class _PooledStream:
         self._slot = slot
         self._release = release
         self._closed = False
-
-    async def feed(self, pcm: bytes) -> None:
-        await self._inner.feed(pcm)
-
-    async def flush(self) -> None:
-        await self._inner.flush()
-
-    async def cut(self) -> None:
-        await self._inner.cut()
-
-    def events(self) -> AsyncIterator[EngineEvent]:
-        return self._inner.events()
+        # The inner stream's own methods: no await or call of ours on the per-frame path.
+        self.feed, self.flush, self.cut = inner.feed, inner.flush, inner.cut
+        self.events = inner.events
 
     def listen(self, listener: ResultListener) -> None:
         if isinstance(self._inner, ListeningStream):

@@ -19,13 +19,14 @@ import json
 from collections.abc import Iterable
 from typing import Any, NoReturn
 
-from .actions import Action, Close, Feed, Flush, Open, Release, Send
+from .actions import Action, Close, Cut, Feed, Flush, Open, Release, Send
 from .errors import CloseCode, ErrorCode, ProtocolError
 from .events import SAMPLE_RATE, Endpoint, Error, Final, Partial, Ready, Stats
 from .inputs import (
     AudioBatch,
     AuthRejected,
     BinaryReceived,
+    CutRequested,
     EngineEndpoint,
     EngineFailed,
     EngineFinal,
@@ -156,6 +157,9 @@ class SessionAudit:
                     if self.flushes or not self.ready or self.releases:
                         self._fail("Flush outside the streaming state")
                     self.flushes += 1
+                case Cut():
+                    if self.flushes or not self.ready or self.releases:
+                        self._fail("Cut outside the streaming state")
                 case Send(event=event):
                     self._observe_event(event)
                 case Close():
@@ -360,6 +364,12 @@ class SessionAudit:
             case EngineFailed():
                 if code is not ErrorCode.SERVER_ERROR:
                     self._fail(wrong)
+            case CutRequested():
+                expected = state is State.STREAMING
+                if code is not (None if expected else ErrorCode.SERVER_ERROR):
+                    self._fail(wrong)
+                if expected and actions != [Cut()]:
+                    self._fail(f"a cut while streaming gave {actions!r}")
             case EngineOpened() | EngineFinal() | EnginePartial() | EngineEndpoint():
                 expected = state in _ENGINE_STATES[type(event)]
                 if code is not (None if expected else ErrorCode.SERVER_ERROR):
