@@ -539,7 +539,8 @@ def main() -> int:
     parser.add_argument(
         "--live-peers-json",
         type=Path,
-        help="include the last run of this bench/live_peers.py --out file instead of running it",
+        help="include the last side-by-side run of this bench/live_peers.py --out file instead "
+        "of running it",
     )
     parser.add_argument("--sections", default=",".join(ORDER[:-1]), help="comma-separated")
     parser.add_argument("--out-dir", type=Path, default=HERE / "results")
@@ -621,9 +622,9 @@ def main() -> int:
         shown = {k: round(v, 3) for k, v in (result.get("ratios") or {}).items()}
         print(f"   {result.get('error', '')} {shown}", file=sys.stderr, flush=True)
     if args.live_peers_json is not None:
-        from bench.report_parts import live_peer_ratios
+        from bench.report_parts import last_side_by_side, live_peer_ratios
 
-        run = json.loads(args.live_peers_json.read_text())["runs"][-1]
+        run = last_side_by_side(json.loads(args.live_peers_json.read_text())["runs"])
         record["sections"]["live_peers"] = {
             "result": run,
             "ratios": live_peer_ratios(run["summary"]),

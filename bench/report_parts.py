@@ -692,6 +692,12 @@ def live_peer_ratios(summary: dict[str, dict[str, float]]) -> dict[str, float]:
     return out
 
 
+def last_side_by_side(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The last run of a bench/live_peers.py record that ran Talkies beside a peer (a
+    Talkies-only run, ``--servers talkies``, has no ratios)."""
+    return next(r for r in reversed(runs) if len(r["summary"]) > 1)
+
+
 def live_peers(p: dict[str, Any]) -> dict[str, Any]:
     """bench/live_peers.py: Talkies beside WhisperLive and WhisperLiveKit (their own venv)."""
     if not p.get("peers"):

@@ -165,7 +165,7 @@ def test_a_live_peers_record_renders_its_ratios_and_table() -> None:
     from bench import report_parts
 
     live = json.loads((ROOT / "bench" / "results" / "2026-12-02-live-peers.json").read_text())
-    run = live["runs"][-1]
+    run = report_parts.last_side_by_side(live["runs"])
     record = _record()
     record["sections"] = {"live_peers": {"result": run, "source": "test"}}
     record["sections"]["live_peers"]["ratios"] = report_parts.live_peer_ratios(run["summary"])
