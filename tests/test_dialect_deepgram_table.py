@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,35 +21,16 @@ from talkies.protocol import (
     Refused,
     TextReceived,
     Tick,
-    Word,
 )
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "dialects.md"
+from .dialect_table import script_words, table_rows
+
 DEFAULT_QUERY = "model=tiny-test&encoding=linear16&interim_results=true"
 KNOWN_MODELS = {"tiny-test"}
 FLAGS = ("is_final", "speech_final", "from_finalize")
 
 
-def _rows() -> list[tuple[str, str, str]]:
-    text = DOC.read_text(encoding="utf-8")
-    body = text.split("<!-- dialect-table:deepgram -->")[1].split("<!-- /dialect-table")[0]
-    rows = []
-    for line in body.strip().splitlines()[2:]:
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        assert len(cells) == 4, line
-        rows.append((cells[0], cells[2].strip("`"), cells[3].strip("`")))
-    return rows
-
-
-ROWS = _rows()
-
-
-def _words(tokens: list[str]) -> tuple[str, tuple[Word, ...]]:
-    words = tuple(
-        Word(word=t, start=round(0.2 * i, 3), end=round(0.2 * (i + 1), 3))
-        for i, t in enumerate(tokens)
-    )
-    return " ".join(tokens), words
+ROWS = table_rows("deepgram")
 
 
 def run_script(script: str) -> tuple[list[dict[str, Any]], int | None]:
@@ -87,10 +67,10 @@ def run_script(script: str) -> tuple[list[dict[str, Any]], int | None]:
             pair.now += float(arg)
             pair.engine(Tick())
         elif verb == "cut":  # the engine's answer to a cut (a Finalize)
-            text, words = _words(tokens)
+            text, words = script_words(tokens)
             pair.engine(EngineEndpoint(text=text, words=words, cut=True))
         elif verb in ("partial", "endpoint", "final"):
-            text, words = _words(tokens)
+            text, words = script_words(tokens)
             kind = {"partial": EnginePartial, "endpoint": EngineEndpoint, "final": EngineFinal}
             pair.engine(kind[verb](text=text, words=words))
         else:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,35 +22,16 @@ from talkies.protocol import (
     Refused,
     TextReceived,
     Tick,
-    Word,
 )
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "dialects.md"
+from .dialect_table import script_words, table_rows
+
 DEFAULT_QUERY = "intent=transcription&model=tiny-test"
 KNOWN_MODELS = {"tiny-test"}
 _APPEND = 4800  # bytes of 24 kHz PCM16 per append: 0.1 s
 
 
-def _rows() -> list[tuple[str, str, str]]:
-    text = DOC.read_text(encoding="utf-8")
-    body = text.split("<!-- dialect-table:realtime -->")[1].split("<!-- /dialect-table")[0]
-    rows = []
-    for line in body.strip().splitlines()[2:]:
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        assert len(cells) == 4, line
-        rows.append((cells[0], cells[2].strip("`"), cells[3].strip("`")))
-    return rows
-
-
-ROWS = _rows()
-
-
-def _words(tokens: list[str]) -> tuple[str, tuple[Word, ...]]:
-    words = tuple(
-        Word(word=t, start=round(0.2 * i, 3), end=round(0.2 * (i + 1), 3))
-        for i, t in enumerate(tokens)
-    )
-    return " ".join(tokens), words
+ROWS = table_rows("realtime")
 
 
 def _update(args: list[str], *, beta: bool) -> str:
@@ -130,11 +110,11 @@ def run_script(script: str) -> tuple[list[dict[str, Any]], int | None]:
             pair.engine(Tick())
         elif verb == "partial":  # ``stable=N``: the first N words will not change
             stable = [int(t.removeprefix("stable=")) for t in tokens if t.startswith("stable=")]
-            text, words = _words([t for t in tokens if not t.startswith("stable=")])
+            text, words = script_words([t for t in tokens if not t.startswith("stable=")])
             count = len(" ".join(text.split()[: stable[0]])) if stable else None
             pair.engine(EnginePartial(text=text, words=words, stable=count))
         elif verb in ("endpoint", "cut"):  # cut: the engine's answer to a cut
-            text, words = _words(tokens)
+            text, words = script_words(tokens)
             pair.engine(EngineEndpoint(text=text, words=words, cut=verb == "cut"))
         elif verb == "fail":
             pair.engine(EngineFailed(detail="the speech engine failed"))
