@@ -203,12 +203,13 @@ class RealtimeChannel(TranslatingChannel[RealtimeTranslator]):
             await self._send_pending()
         while True:
             if translator.opened:
-                await self._ready.wait()
-                held = translator.held()
-                if held:
-                    return self._resampler.convert(held)
+                if not self._ready.is_set():  # as in ListenChannel.receive
+                    await self._ready.wait()
+                if translator.holding:
+                    return self._resampler.convert(translator.held())
             batch = translator.client(await self._inner.receive())
-            await self._send_pending()  # the answers to session updates, errors
+            if translator.has_messages:  # answers to updates, errors (not a coroutine per read)
+                await self._send_pending()
             if batch:
                 return self._resampler.convert(batch)
 

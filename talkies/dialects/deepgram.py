@@ -416,6 +416,11 @@ class ListenTranslator:
         translator says nothing of its own."""
         self.closed = True
 
+    @property
+    def has_messages(self) -> bool:
+        """Whether :meth:`pull_messages` has Deepgram messages to give."""
+        return bool(self._out)
+
     def pull_messages(self) -> list[str]:
         """The Deepgram messages produced since the last call, in order."""
         out, self._out = self._out, []

@@ -142,6 +142,9 @@ class WsprotoChannel:
                 if run:
                     out.append(AudioBatch(frames=tuple(run)))
                     run = []
+                if type(event) is TextMessage:  # a dialect's audio comes as text: inline too
+                    out.append(TextReceived(data=event.data, final=event.message_finished))
+                    continue
                 message = await self._on_event(event)
                 if message is not None:
                     out.append(message)
