@@ -246,6 +246,23 @@ def server_cpu(pid: int) -> float:
     return float(times.user + times.system)
 
 
+def server_system(pid: int) -> float:
+    return float(psutil.Process(pid).cpu_times().system)
+
+
+def server_switches(pid: int) -> int:
+    """The server's context switches so far, all threads (voluntary + involuntary): a GIL
+    handed between the event loop and the engine's threads shows here."""
+    total = 0
+    for thread in psutil.Process(pid).threads():
+        with contextlib.suppress(OSError):
+            status = Path(f"/proc/{pid}/task/{thread.id}/status").read_text()
+            for line in status.splitlines():
+                if "ctxt_switches:" in line:
+                    total += int(line.split()[-1])
+    return total
+
+
 @dataclass
 class ClientResult:
     route: str
@@ -253,6 +270,8 @@ class ClientResult:
     connected: int = 0
     sent_messages: int = 0
     window_cpu_s: float = 0.0
+    window_switches: int = 0
+    window_system_s: float = 0.0  # of window_cpu_s, in the kernel
     window_wall_s: float = 0.0
     window_units: int = 0  # 20 ms units of audio sent in the window
     send_lag_p99_ms: float = 0.0
@@ -282,6 +301,8 @@ async def run_client(args: argparse.Namespace) -> ClientResult:
     start = perf() + 0.05
     i = 0
     cpu0 = t0 = 0.0
+    switches0 = 0
+    system0 = 0.0
     while i < last:
         now = perf()
         due = start + i * slot
@@ -291,6 +312,8 @@ async def run_client(args: argparse.Namespace) -> ClientResult:
         while i < last and start + i * slot <= now:
             if i == first:
                 cpu0, t0 = server_cpu(args.server_pid), perf()
+                switches0 = server_switches(args.server_pid)
+                system0 = server_system(args.server_pid)
             stream = streams[i % live]
             if not stream.gone:
                 lags.append(perf() - (start + i * slot))
@@ -299,6 +322,8 @@ async def run_client(args: argparse.Namespace) -> ClientResult:
         await asyncio.sleep(0)
     result.window_cpu_s = server_cpu(args.server_pid) - cpu0
     result.window_wall_s = perf() - t0
+    result.window_switches = server_switches(args.server_pid) - switches0
+    result.window_system_s = server_system(args.server_pid) - system0
     result.window_units = (last - first) * route.units
     result.sent_messages = i
     lags.sort()
@@ -372,6 +397,8 @@ def run_one(route: str, args: argparse.Namespace, logdir: Path, tag: str) -> dic
         **raw,
         "us_per_unit": raw["window_cpu_s"] / max(raw["window_units"], 1) * 1e6,
         "server_cores": raw["window_cpu_s"] / max(raw["window_wall_s"], 1e-9),
+        "switches_per_unit": raw["window_switches"] / max(raw["window_units"], 1),
+        "system_us_per_unit": raw["window_system_s"] / max(raw["window_units"], 1) * 1e6,
         "other_cores": window.others_cores,
         "load1_before": load_before,
         "load1_after": os.getloadavg()[0],
@@ -404,14 +431,17 @@ def start_py_spy(
 def format_row(row: dict[str, Any]) -> str:
     return (
         f"{row['tag']:>4s} {row['label']:36s} {row['connected']:>4d} "
-        f"{row['us_per_unit']:>9.1f} {row['server_cores']:>6.2f} {row['send_lag_p99_ms']:>7.1f} "
+        f"{row['us_per_unit']:>9.1f} {row['system_us_per_unit']:>6.1f} "
+        f"{row['switches_per_unit']:>6.2f} {row['server_cores']:>6.2f} "
+        f"{row['send_lag_p99_ms']:>7.1f} "
         f"{row['audio_received_s']:>9.1f}/{row['audio_sent_s']:<9.1f} "
         f"{row['other_cores']:>5.2f} {row['load1_before']:>5.2f}"
     )
 
 
 HEADER = (
-    f"{'run':>4s} {'route':36s} {'N':>4s} {'us/20ms':>9s} {'cores':>6s} {'lag p99':>7s} "
+    f"{'run':>4s} {'route':36s} {'N':>4s} {'us/20ms':>9s} {'sys':>6s} {'ctx':>6s} {'cores':>6s} "
+    f"{'lag p99':>7s} "
     f"{'audio recv/sent s':>19s} {'other':>5s} {'load1':>5s}"
 )
 
@@ -473,6 +503,8 @@ def main() -> None:
                     say(f"     note: {note[:200]}")
     say()
     say("us/20ms: server CPU (user+system, all threads) per 20 ms of audio received in the window;")
+    say("sys: of us/20ms, the kernel's part (system time);")
+    say("ctx: the server's context switches (all threads) per 20 ms of audio in the window;")
     say(
         "cores: server CPU-s per s; lag p99: client send lag; other: cores used by other processes;"
     )

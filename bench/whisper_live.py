@@ -3,6 +3,7 @@
     python bench/whisper_live.py [--clip passage|long] [--gap 1.5] [--lead 1.0] [--tail 3.0]
                                  [--vad on,off] [--policy agreement,early,timestamp]
                                  [--prompt on,off] [--min-silence S] [--threads 2]
+                                 [--refresh S]
                                  [--backend cpp|ct2] [--no-file] [--paced] [--json]
 
 The passage (``--clip passage``): the five LibriVox sentences of Debian's
@@ -278,6 +279,7 @@ def main() -> None:
     parser.add_argument("--prompt", default="on", help="agreement's prompting: on, off or both")
     parser.add_argument("--min-silence", type=float, default=None, help="detector's (s)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--refresh", type=float, default=None, help="hypothesis period (s)")
     parser.add_argument(
         "--backend", choices=("cpp", "ct2"), default="cpp", help="whisper.cpp or CTranslate2"
     )
@@ -297,6 +299,8 @@ def main() -> None:
         options: dict[str, Any] = {"threads": args.threads}
         if args.min_silence is not None:
             options["vad_min_silence_seconds"] = args.min_silence
+        if args.refresh is not None:
+            options["refresh_seconds"] = args.refresh
         model = load(Path(tmp), args.backend, **options)
         try:
             if args.file:
