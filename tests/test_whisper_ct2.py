@@ -460,6 +460,21 @@ def test_base_forces_a_prefix(base: Any) -> None:
     assert normalize_words(decoded.text).count("john") == 1, decoded.text
 
 
+def test_base_takes_a_prompt(base: Any) -> None:
+    """``prompt`` (committed text before the audio, once an utterance was trimmed) is
+    Whisper's prompt: the decode follows its style. Without it base writes "Go forward 10
+    meters."; after "go forward ten meters" it writes the same words as the prompt did."""
+    audio = floats(clip("goforward").pcm)
+    for final in (True, False):
+        plain = base.decode(audio, DecodeRequest("en", True, final=final))
+        assert plain.text == "Go forward 10 meters.", plain.text
+        prompted = base.decode(
+            audio, DecodeRequest("en", True, final=final, prompt="go forward ten meters")
+        )
+        assert prompted.text == "go forward ten meters", prompted.text
+        assert prompted.words[-1].end <= clip("goforward").seconds + 0.05
+
+
 def test_base_beam_search_for_finals(base: Any) -> None:
     """``final_beam_size`` > 1: a final decode (and a file's) by beam search hears the
     reference words with word times, and still begins with a forced prefix."""

@@ -9,7 +9,8 @@ int8 on CPU by default, behind the same seam as whisper.cpp (:class:`~.model.Bas
 - **Decoding**: greedy (``beam_size`` 1; ``final_beam_size`` for the decodes whose words
   are kept: finals, commits, a file's), timestamp tokens on (Whisper's native mode, as
   for whisper.cpp), no text carried between calls (but a request's ``prefix``, committed
-  words decoded again, is forced as the transcript's first tokens), no temperature
+  words decoded again, is forced as the transcript's first tokens, and its ``prompt``,
+  committed text before the audio, is Whisper's prompt as for whisper.cpp), no temperature
   fallback, CTranslate2's default suppression of non-speech symbols, a bound on tokens per
   second of audio.
 - **Word times** come from cross-attention alignment (``Whisper.align``: the alignment heads
@@ -169,7 +170,13 @@ class Ct2WhisperModel(BaseWhisperModel):
         language = request.language
         if language == "auto":
             language = self._detect(encoded) if self.multilingual else "en"
-        prompt = self._start(language)
+        start = self._start(language)
+        prompt = start
+        if request.prompt.strip():
+            # Text before the audio (the agreement policies' committed text once an utterance
+            # was trimmed): Whisper's prompt, after <|startofprev|>, at most half the context.
+            earlier = self.vocabulary.encode(" " + request.prompt.strip())
+            prompt = [self.vocabulary.sot_prev, *earlier[-(_MAX_TEXT_CTX // 2 - 1) :], *start]
         forced = prompt
         if request.prefix.strip():
             # The request's words forced as the transcript's start (after the first timestamp
@@ -195,7 +202,7 @@ class Ct2WhisperModel(BaseWhisperModel):
         text = [t for t in sequence if t < self.vocabulary.eot]
         frames = min(audio.size // HOP, 2 * positions)
         if request.timestamps and text and self.aligns:
-            tokens = self._align(encoded, prompt, text, frames)
+            tokens = self._align(encoded, start, text, frames)
         elif request.timestamps:
             tokens = self._spread(sequence, audio.size / SAMPLE_RATE)
         else:
