@@ -3,7 +3,7 @@
     python bench/whisper_live.py [--clip passage|long] [--gap 1.5] [--lead 1.0] [--tail 3.0]
                                  [--vad on,off] [--policy agreement,early,timestamp]
                                  [--prompt on,off] [--min-silence S] [--threads 2]
-                                 [--refresh S]
+                                 [--refresh S] [--final-beam N]
                                  [--backend cpp|ct2] [--no-file] [--paced] [--json]
 
 The passage (``--clip passage``): the five LibriVox sentences of Debian's
@@ -280,6 +280,7 @@ def main() -> None:
     parser.add_argument("--min-silence", type=float, default=None, help="detector's (s)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--refresh", type=float, default=None, help="hypothesis period (s)")
+    parser.add_argument("--final-beam", type=int, default=None, help="final_beam_size (ct2)")
     parser.add_argument(
         "--backend", choices=("cpp", "ct2"), default="cpp", help="whisper.cpp or CTranslate2"
     )
@@ -301,6 +302,8 @@ def main() -> None:
             options["vad_min_silence_seconds"] = args.min_silence
         if args.refresh is not None:
             options["refresh_seconds"] = args.refresh
+        if args.final_beam is not None:
+            options["final_beam_size"] = args.final_beam
         model = load(Path(tmp), args.backend, **options)
         try:
             if args.file:
@@ -311,7 +314,7 @@ def main() -> None:
                     rows[f"live, vad {vad}"] = live(model, pcm, paced=args.paced)
                     continue
                 for policy in args.policy.split(","):
-                    for prompt in args.prompt.split(",") if policy == "agreement" else ["off"]:
+                    for prompt in args.prompt.split(",") if policy != "timestamp" else ["off"]:
                         name = f"live, vad on, {policy}" + (", prompt" if prompt == "on" else "")
                         rows[name] = live(
                             model, pcm, paced=args.paced, policy=policy, prompt=prompt == "on"
