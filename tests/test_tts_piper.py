@@ -205,7 +205,10 @@ async def test_speed(joe: PiperSpeechModel) -> None:
     text = "Set a timer for ten minutes."
     normal = sum(map(len, await speak(joe, text=text)))
     fast = sum(map(len, await speak(joe, text=text, speed=2.0)))
-    assert fast < normal * 0.7
+    # Twice the speed is not half the length: the sentence's silence is fixed, and VITS draws
+    # its durations with noise (noise_w), so lengths vary from run to run. Measured ratios
+    # 0.649-0.703 over 13 runs (2026-12-02; CI failed once at 0.703 against a bound of 0.7).
+    assert fast < normal * 0.8
 
 
 @pytest.mark.parametrize(
