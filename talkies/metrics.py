@@ -46,7 +46,7 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 
 # ``surface`` says which door the traffic came in by: "websocket" (the live-ASR WebSocket),
 # "deepgram" and "realtime" (the translated WebSockets, docs/dialects.md: their streams,
-# frames and audio; their event latency is the WebSocket's), "wyoming" (Home Assistant's
+# frames, audio and event latency), "wyoming" (Home Assistant's
 # protocol), "http" (the HTTP speech routes).
 STREAMS = Counter(
     "talkies_streams",

@@ -129,6 +129,13 @@ def test_ga_session_server_vad_items(host: Host) -> None:
     while counted not in (text := httpx.get(f"http://{host.base}/metrics", headers=AUTH).text):
         assert time.monotonic() < deadline, [ln for ln in text.splitlines() if "streams" in ln]
         time.sleep(0.1)
+    # So is the latency of the events its items were made of.
+    latency = [
+        ln
+        for ln in text.splitlines()
+        if ln.startswith('talkies_event_latency_seconds_count{surface="realtime"}')
+    ]
+    assert latency and float(latency[0].split()[-1]) >= 1, latency
 
 
 def test_beta_session_answers_in_beta(host: Host) -> None:

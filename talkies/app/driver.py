@@ -85,7 +85,6 @@ Admit = Callable[[], Awaitable[Slot | Refused]]
 # The session's clock. Sleeps are relative, so it need not be the event loop's own clock, and
 # time.monotonic costs far less per frame than anyio.current_time().
 _clock = time.monotonic
-_EVENT_LATENCY = EVENT_LATENCY_SECONDS.labels(surface="websocket")
 
 log = logging.getLogger("talkies.transport")
 
@@ -140,8 +139,12 @@ class StreamDriver:
         *,
         close_timeout: float = 5.0,
         admit: Admit | None = None,
+        surface: str = "websocket",
     ) -> None:
         self.session = session
+        # The event-latency series of the door the stream came in by: "websocket", or a
+        # dialect's name ("deepgram", "realtime"), as the stream counters are labelled.
+        self._event_latency = EVENT_LATENCY_SECONDS.labels(surface=surface)
         self._channel = channel
         self._provider = provider
         self._close_timeout = close_timeout
@@ -255,7 +258,7 @@ class StreamDriver:
                 if self._released:
                     break
                 if isinstance(event, _TIMED_EVENTS) and self._fed_at:
-                    _EVENT_LATENCY.observe(_clock() - self._fed_at)
+                    self._event_latency.observe(_clock() - self._fed_at)
                 self._engine_busy = True
                 try:
                     await self._handle(event)
@@ -285,7 +288,7 @@ class StreamDriver:
             outbox.popleft()
             now = _clock()
             if self._fed_at:
-                _EVENT_LATENCY.observe(now - self._fed_at)
+                self._event_latency.observe(now - self._fed_at)
             session.handle(event, now)
             actions = session.pull_actions()
             texts = [a.event.to_json() for a in actions if isinstance(a, Send)]

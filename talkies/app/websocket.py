@@ -158,7 +158,12 @@ class StreamRoute:
         elif self.stopping or self._full():
             first = self._refusal()
         driver = StreamDriver(
-            session, channel, self.provider, close_timeout=close_timeout, admit=self.admit
+            session,
+            channel,
+            self.provider,
+            close_timeout=close_timeout,
+            admit=self.admit,
+            surface="websocket" if dialect is None else dialect.name,
         )
         self._drivers.add(driver)
         started = time.monotonic()
