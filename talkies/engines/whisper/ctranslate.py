@@ -139,6 +139,18 @@ class Ct2WhisperModel(BaseWhisperModel):
     def _start(self, language: str) -> list[int]:
         return self.vocabulary.start(language if self.multilingual else None)
 
+    def _prompt_text(self, text: str | None) -> list[int]:
+        """A prompt's tokens, at most what Whisper's prompt holds (half the context, less
+        <|startofprev|>); none for no text."""
+        if not text:
+            return []
+        return self.vocabulary.encode(" " + text.strip())[-(_MAX_TEXT_CTX // 2 - 1) :]
+
+    def _prompted(self, text: list[int], start: list[int]) -> list[int]:
+        """The decoder's prompt: ``text`` after <|startofprev|> when there is any, then the
+        start-of-transcript sequence."""
+        return [self.vocabulary.sot_prev, *text, *start] if text else start
+
     def _detect(self, encoded: Any) -> str:
         """The most probable language of encoded audio (a multilingual model)."""
         ranked = self._model.detect_language(encoded)[0]
@@ -171,12 +183,9 @@ class Ct2WhisperModel(BaseWhisperModel):
         if language == "auto":
             language = self._detect(encoded) if self.multilingual else "en"
         start = self._start(language)
-        prompt = start
-        if request.prompt.strip():
-            # Text before the audio (the agreement policies' committed text once an utterance
-            # was trimmed): Whisper's prompt, after <|startofprev|>, at most half the context.
-            earlier = self.vocabulary.encode(" " + request.prompt.strip())
-            prompt = [self.vocabulary.sot_prev, *earlier[-(_MAX_TEXT_CTX // 2 - 1) :], *start]
+        # Text before the audio (the agreement policies' committed text once an utterance
+        # was trimmed), as the file route's prompt.
+        prompt = self._prompted(self._prompt_text(request.prompt.strip()), start)
         forced = prompt
         if request.prefix.strip():
             # The request's words forced as the transcript's start (after the first timestamp
@@ -312,11 +321,7 @@ class Ct2WhisperModel(BaseWhisperModel):
             audio = np.concatenate([audio, np.zeros(MIN_DECODE_SAMPLES - audio.size, np.float32)])
         features = log_mel(audio, self.n_mels)  # the audio's frames + 30 s of silence
         content = audio.size // HOP
-        prompt_text: list[int] = []
-        if request.prompt:
-            # Whisper's initial prompt: after <|startofprev|>, at most half the context.
-            prompt_text = self.vocabulary.encode(" " + request.prompt.strip())
-            prompt_text = prompt_text[-(_MAX_TEXT_CTX // 2 - 1) :]
+        prompt_text = self._prompt_text(request.prompt)
         segments: list[Segment] = []
         seek = 0
         while seek < content:
@@ -327,9 +332,7 @@ class Ct2WhisperModel(BaseWhisperModel):
             if language == "auto":
                 language = self._detect(encoded) if self.multilingual else "en"
             start = self._start(language)
-            prompt = start
-            if prompt_text and seek == 0:
-                prompt = [self.vocabulary.sot_prev, *prompt_text, *start]
+            prompt = self._prompted(prompt_text if seek == 0 else [], start)
             if cancel is not None and cancel.is_set():
                 raise TranscriptionCancelled("the transcription was cancelled")
             result = self._generate_file(encoded, prompt, request.temperature)
