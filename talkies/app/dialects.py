@@ -158,19 +158,12 @@ class PcmResampler:
         return process
 
     def convert(self, batch: list[ClientMessage]) -> list[ClientMessage]:
-        if len(batch) == 1:
-            item = batch[0]
-            if type(item) is AudioBatch and len(item.frames) == 1:  # one append: the usual
-                frame = item.frames[0]
-                pcm = self._frame(frame if type(frame) is bytes else bytes(frame))
-                return [AudioBatch(frames=tuple(pcm))]
+        if len(batch) == 1 and type(batch[0]) is AudioBatch:  # one append: the usual
+            return [self._audio(batch[0])]
         out: list[ClientMessage] = []
         for item in batch:
             if isinstance(item, AudioBatch):
-                frames: list[bytes] = []
-                for frame in item.frames:
-                    frames.extend(self._frame(frame if type(frame) is bytes else bytes(frame)))
-                out.append(AudioBatch(frames=tuple(frames)))
+                out.append(self._audio(item))
             elif isinstance(item, BinaryReceived):
                 if len(self._parts) + len(item.data) > self._max:
                     whole = bytes(self._parts) + item.data  # over the limit: refused as sent
@@ -191,6 +184,12 @@ class PcmResampler:
             else:
                 out.append(item)
         return out
+
+    def _audio(self, batch: AudioBatch) -> AudioBatch:
+        frames: list[bytes] = []
+        for frame in batch.frames:
+            frames.extend(self._frame(frame if type(frame) is bytes else bytes(frame)))
+        return AudioBatch(frames=tuple(frames))
 
     def tail(self) -> list[bytes]:
         """What the resampler still holds, at the end of the audio."""
