@@ -109,6 +109,12 @@ def session_limits(settings: Settings) -> SessionLimits:
     )
 
 
+def surface_of(route: str) -> str:
+    """The metrics surface of a stream route: "websocket" for the native one, a dialect's
+    own series under its name."""
+    return "websocket" if route == "native" else route
+
+
 class StreamRoute:
     """The stream route of one :class:`~talkies.app.TalkiesApp`: admission, the streams it
     runs (for a host's shutdown), and what each leaves behind."""
@@ -157,13 +163,14 @@ class StreamRoute:
             first = problem
         elif self.stopping or self._full():
             first = self._refusal()
+        route = "native" if dialect is None else dialect.name
         driver = StreamDriver(
             session,
             channel,
             self.provider,
             close_timeout=close_timeout,
             admit=self.admit,
-            surface="websocket" if dialect is None else dialect.name,
+            surface=surface_of(route),
         )
         self._drivers.add(driver)
         started = time.monotonic()
@@ -178,7 +185,7 @@ class StreamRoute:
                 session,
                 peer=peer,
                 seconds=time.monotonic() - started,
-                route="native" if dialect is None else dialect.name,
+                route=route,
             )
 
     async def admit(self) -> Slot | Refused:
@@ -235,7 +242,7 @@ class StreamRoute:
                 "duration": round(seconds, 3),
             },
         )
-        surface = "websocket" if route == "native" else route  # a dialect's: its own series
+        surface = surface_of(route)
         metrics.STREAMS.labels(surface, session.outcome or "", code or "").inc()
         metrics.FRAMES.labels(surface).inc(session.frames)
         metrics.AUDIO_SECONDS.labels(surface).inc(session.audio_seconds)
