@@ -475,6 +475,20 @@ def test_base_takes_a_prompt(base: Any) -> None:
         assert prompted.words[-1].end <= clip("goforward").seconds + 0.05
 
 
+def test_base_takes_the_longest_prompt(base: Any) -> None:
+    """A prompt as long as Whisper's (223 tokens kept) still leaves a decode its room:
+    CTranslate2 counts the prompt in ``max_length``. It raised for a live decode of 2 s of
+    audio after a long prompt, and for a file of any length after a prompt of about 200
+    tokens or more (OpenAI's own limit is 224)."""
+    long = "We drove the robot around the yard and then told it where to go. " * 30
+    audio = floats(clip("goforward").pcm)
+    for final in (True, False):
+        decoded = base.decode(audio, DecodeRequest("en", True, final=final, prompt=long))
+        assert normalize_words(decoded.text)[:2] == ["go", "forward"], decoded.text
+    prompted = base.transcribe(clip("goforward").pcm, Request(language="en", prompt=long))
+    assert normalize_words(prompted.text)[:2] == ["go", "forward"], prompted.text
+
+
 def test_base_beam_search_for_finals(base: Any) -> None:
     """``final_beam_size`` > 1: a final decode (and a file's) by beam search hears the
     reference words with word times, and still begins with a forced prefix."""

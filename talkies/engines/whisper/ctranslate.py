@@ -62,6 +62,18 @@ _PAST_END = 0.06  # seconds: a word that starts this close to the audio's end ha
 _MEDIAN_FILTER = 7  # of the attention weights before alignment (OpenAI's and faster-whisper's)
 
 
+def _max_length(prompt: Sequence[int], steps: int) -> int:
+    """CTranslate2's ``max_length`` for a Whisper decode of up to ``steps`` tokens after
+    ``prompt`` (its <|startofprev|> text and start-of-transcript sequence).
+
+    CTranslate2 counts the prompt in it: it decodes at most ``min(max_length / 2, max_length
+    - (len(prompt) - 1))`` steps, forced text tokens included (``WhisperReplica::generate``),
+    so ``steps`` alone would halve a decode's room, and none at all is left once the prompt
+    is half of it. Whisper's 448 positions bound the whole.
+    """
+    return min(_MAX_TEXT_CTX, max(2 * steps, len(prompt) - 1 + steps))
+
+
 @dataclass(frozen=True, slots=True)
 class _Token:
     """A text token of a decode with its aligned times (seconds from the audio's start)."""
@@ -203,7 +215,7 @@ class Ct2WhisperModel(BaseWhisperModel):
             encoded,
             [forced],
             beam_size=beam,
-            max_length=min(budget + len(forced) - len(prompt), _MAX_TEXT_CTX - len(prompt)),
+            max_length=_max_length(prompt, budget + len(forced) - len(prompt)),
             suppress_blank=True,
         )[0]
         self._counted()
@@ -380,7 +392,7 @@ class Ct2WhisperModel(BaseWhisperModel):
         return self._model.generate(
             encoded,
             [prompt],
-            max_length=_MAX_TEXT_CTX - len(prompt),
+            max_length=_max_length(prompt, _MAX_TEXT_CTX),
             return_scores=True,
             suppress_blank=True,
             **sampling,
