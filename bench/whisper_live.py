@@ -280,6 +280,12 @@ def main() -> None:
     parser.add_argument("--min-silence", type=float, default=None, help="detector's (s)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--refresh", type=float, default=None, help="hypothesis period (s)")
+    parser.add_argument(
+        "--first-refresh",
+        type=float,
+        default=None,
+        help="early: hypothesis period until an utterance's first commit (s)",
+    )
     parser.add_argument("--final-beam", type=int, default=None, help="final_beam_size (ct2)")
     parser.add_argument(
         "--backend", choices=("cpp", "ct2"), default="cpp", help="whisper.cpp or CTranslate2"
@@ -302,6 +308,8 @@ def main() -> None:
             options["vad_min_silence_seconds"] = args.min_silence
         if args.refresh is not None:
             options["refresh_seconds"] = args.refresh
+        if args.first_refresh is not None:
+            options["first_refresh_seconds"] = args.first_refresh
         if args.final_beam is not None:
             options["final_beam_size"] = args.final_beam
         model = load(Path(tmp), args.backend, **options)

@@ -334,6 +334,9 @@ def test_options_are_checked() -> None:
     assert (config.window_seconds, config.refresh_seconds, config.threads) == (8.0, 1.0, 4)
     assert config.keep_seconds == 1.0
     assert resolve_config({"window_seconds": 2}).keep_seconds == 0.5
+    assert resolve_config({}).first_refresh_samples == 4000  # 0.25 s (policy early only)
+    assert resolve_config({"refresh_seconds": 0.2}).first_refresh_seconds == 0.2
+    assert resolve_config({"first_refresh_seconds": 0}).first_refresh_samples == 8000  # off
     # window_seconds comes from a server-wide setting: clamped, not refused.
     assert resolve_config({"window_seconds": 0.5}).window_seconds == 1.0
     assert resolve_config({"window_seconds": 120}).window_seconds == 30.0
@@ -341,6 +344,8 @@ def test_options_are_checked() -> None:
         {"window_seconds": "5"},
         {"window_seconds": -1},
         {"refresh_seconds": 6},
+        {"first_refresh_seconds": 0.01},  # 0 (off) or a period of 0.05 s or more
+        {"first_refresh_seconds": 0.6},  # longer than refresh_seconds
         {"threads": 0},
         {"threads": 2.5},
         {"contexts": True},

@@ -230,6 +230,34 @@ def test_the_prompt_is_the_committed_text_before_the_buffer() -> None:
     assert {r.prompt for _, r in unprompted.requests} == {""}
 
 
+def test_early_decodes_faster_until_its_first_commit() -> None:
+    """``first_refresh_seconds`` (policy early): hypotheses every 0.25 s until the utterance
+    commits a word (or 2 s in), every ``refresh_seconds`` after, and a hypothesis of under 1 s
+    of audio is agreed with only from 0.5 s on; off (0), 0.5 s throughout."""
+    pcm = synthetic_speech(12)
+    for first, steps in ((0.0, {8000}), (0.25, {4000, 8000})):
+        decoder = ScriptedDecoder()
+        config = RollingConfig(first_refresh_seconds=first)  # 7.2 s: never trimmed
+        rec = AgreementRecognition(decoder, config, language="en", early=True)
+        committed_at = None
+        for i in range(0, len(pcm), 320):  # 10 ms: the grid points fall on frames
+            rec.accept(pcm[i : i + 320])
+            if committed_at is None and rec.committed_text:
+                committed_at = len(decoder.requests)
+        sizes = [n for n, r in decoder.requests if not r.final]
+        assert committed_at is not None
+        gaps = [b - a for a, b in itertools.pairwise(sizes)]
+        assert set(gaps) == steps, gaps
+        # The short period only before the first commit (the hypothesis that made it).
+        assert all(g == 8000 for g in gaps[committed_at - 1 :]), gaps
+        if first:
+            # Not agreed with a hypothesis a quarter of a second before of under 1 s of audio
+            # (AGREE_SECONDS): the one half a second before, here.
+            made = committed_at - 1
+            assert sizes[made - 1] < 16000 and sizes[made] - sizes[made - 2] == 8000, sizes
+    assert rec.finish().text == expected_text(12)
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     groups=st.lists(st.integers(1, 20), min_size=1, max_size=3),

@@ -98,14 +98,22 @@ def check_promises(updates: Sequence[Any], promised: str) -> str:
     groups=st.lists(st.integers(1, 14), min_size=1, max_size=3),
     cuts=st.lists(st.integers(160, 20000), min_size=1, max_size=40),  # samples
     pause=st.sampled_from([0.6, 1.5]),
+    first=st.sampled_from([0.0, 0.25]),  # first_refresh_seconds
 )
 def test_every_endpoint_begins_with_the_stable_prefix_announced(
-    policy: str, fickle: int, groups: list[int], cuts: list[int], pause: float
+    *, policy: str, fickle: int, groups: list[int], cuts: list[int], pause: float, first: float
 ) -> None:
     pcm, expected = speech(groups, pause)
     decoder: Any = ScriptedDecoder() if fickle < 0 else FickleDecoder(fickle)
     # A 3 s window and a 256-position encoder: utterances over 4.6 s commit at overflow.
-    rec = recognition(decoder, policy, window_seconds=3.0, keep_seconds=0.75, final_audio_ctx=256)
+    rec = recognition(
+        decoder,
+        policy,
+        window_seconds=3.0,
+        keep_seconds=0.75,
+        final_audio_ctx=256,
+        first_refresh_seconds=first,
+    )
     promised = ""
     position = 0
     said: list[str] = []
