@@ -42,6 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from bench.whisper_live import load  # noqa: E402
+from bench.whisper_live import utterances as utterances_of  # noqa: E402
 from tests.modelgen_whisper import word_errors  # noqa: E402
 
 DATA = Path("/usr/share/pocketsphinx/test/data")
@@ -151,19 +152,9 @@ def utterances(scratch: Path) -> list[tuple[str, bytes]]:
 
 def stream(model: Any, pcm: bytes) -> tuple[str, list[float]]:
     """The stream's text, and each utterance's first-word stable delay."""
-    from talkies.engines.runtime.vad import SileroVad
-    from talkies.engines.whisper.utterances import UtteranceRecognition
     from talkies.protocol import EngineEndpoint, EnginePartial
 
-    rec = UtteranceRecognition(
-        model,
-        model.config,
-        SileroVad.shared().stream(model.config.vad_config),
-        language="en",
-        word_timestamps=True,
-        n_audio_ctx=model.n_audio_ctx,
-        policy="early",
-    )
+    rec = utterances_of(model, "early")
     texts: list[str] = []
     delays: list[float] = []
     stable_at: float | None = None

@@ -139,10 +139,26 @@ def load(root: Path, backend: str = "cpp", **options: Any) -> Any:
     return load_whisper(entry, path.parent, "cpu")
 
 
+def utterances(model: Any, policy: str, *, prompt: bool = True) -> Any:
+    """An English stream of ``model`` cut by the detector, under ``policy``, with word times."""
+    from talkies.engines.runtime.vad import SileroVad
+    from talkies.engines.whisper.utterances import UtteranceRecognition
+
+    return UtteranceRecognition(
+        model,
+        model.config,
+        SileroVad.shared().stream(model.config.vad_config),
+        language="en",
+        word_timestamps=True,
+        n_audio_ctx=model.n_audio_ctx,
+        policy=policy,
+        prompt=prompt,
+    )
+
+
 def live(
     model: Any, pcm: bytes, *, paced: bool, policy: str = "timestamp", prompt: bool = True
 ) -> dict[str, Any]:
-    from talkies.engines.runtime.vad import SileroVad
     from talkies.engines.whisper.utterances import UtteranceRecognition
     from talkies.protocol import EngineEndpoint, StartOptions
 
@@ -152,16 +168,7 @@ def live(
     )
     rec = model.recognition(options)
     if isinstance(rec, UtteranceRecognition):  # the policy and prompting asked for
-        rec = UtteranceRecognition(
-            model,
-            model.config,
-            SileroVad.shared().stream(model.config.vad_config),
-            language="en",
-            word_timestamps=True,
-            n_audio_ctx=model.n_audio_ctx,
-            policy=policy,
-            prompt=prompt,
-        )
+        rec = utterances(model, policy, prompt=prompt)
     texts: list[str] = []
     words: list[Any] = []
     events: list[tuple[float, str, str]] = []

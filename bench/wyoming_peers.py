@@ -131,20 +131,13 @@ async def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 3
 
 def first_word_start(http_port: int, pcm: bytes, model: str) -> float:
     """Where the file route (the same server, the same model) times the first word."""
-    import io
-    import wave
-
     import httpx
 
-    wav = io.BytesIO()
-    with wave.open(wav, "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(RATE)
-        out.writeframes(pcm)
+    from talkies.audio import wav_bytes
+
     answer = httpx.post(
         f"http://127.0.0.1:{http_port}/v1/audio/transcriptions",
-        files={"file": ("clip.wav", wav.getvalue(), "audio/wav")},
+        files={"file": ("clip.wav", wav_bytes(pcm, RATE), "audio/wav")},
         data={
             "model": model,
             "language": "en",
