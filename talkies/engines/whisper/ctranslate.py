@@ -50,28 +50,15 @@ from .features import CHUNK_FRAMES, HOP, log_mel
 from .markers import speech_mask, strip_markers
 from .model import BaseWhisperModel
 from .rolling import Decoded, DecodedWord, DecodeRequest
-from .tokens import Vocabulary
+from .tokens import MAX_TEXT_CTX, Vocabulary, max_length
 
 __all__ = ["Ct2WhisperModel", "load_ct2"]
 
 log = logging.getLogger("talkies.engines")
 
 _SECONDS_PER_POSITION = 0.02  # an encoder position (and a timestamp token): 20 ms
-_MAX_TEXT_CTX = 448  # Whisper's decoder positions
 _PAST_END = 0.06  # seconds: a word that starts this close to the audio's end has no audio
 _MEDIAN_FILTER = 7  # of the attention weights before alignment (OpenAI's and faster-whisper's)
-
-
-def _max_length(prompt: Sequence[int], steps: int) -> int:
-    """CTranslate2's ``max_length`` for a Whisper decode of up to ``steps`` tokens after
-    ``prompt`` (its <|startofprev|> text and start-of-transcript sequence).
-
-    CTranslate2 counts the prompt in it: it decodes at most ``min(max_length / 2, max_length
-    - (len(prompt) - 1))`` steps, forced text tokens included (``WhisperReplica::generate``),
-    so ``steps`` alone would halve a decode's room, and none at all is left once the prompt
-    is half of it. Whisper's 448 positions bound the whole.
-    """
-    return min(_MAX_TEXT_CTX, max(2 * steps, len(prompt) - 1 + steps))
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,18 +138,6 @@ class Ct2WhisperModel(BaseWhisperModel):
     def _start(self, language: str) -> list[int]:
         return self.vocabulary.start(language if self.multilingual else None)
 
-    def _prompt_text(self, text: str | None) -> list[int]:
-        """A prompt's tokens, at most what Whisper's prompt holds (half the context, less
-        <|startofprev|>); none for no text."""
-        if not text:
-            return []
-        return self.vocabulary.encode(" " + text.strip())[-(_MAX_TEXT_CTX // 2 - 1) :]
-
-    def _prompted(self, text: list[int], start: list[int]) -> list[int]:
-        """The decoder's prompt: ``text`` after <|startofprev|> when there is any, then the
-        start-of-transcript sequence."""
-        return [self.vocabulary.sot_prev, *text, *start] if text else start
-
     def _detect(self, encoded: Any) -> str:
         """The most probable language of encoded audio (a multilingual model)."""
         ranked = self._model.detect_language(encoded)[0]
@@ -197,14 +172,14 @@ class Ct2WhisperModel(BaseWhisperModel):
         start = self._start(language)
         # Text before the audio (the agreement policies' committed text once an utterance
         # was trimmed), as the file route's prompt.
-        prompt = self._prompted(self._prompt_text(request.prompt.strip()), start)
+        prompt = self.vocabulary.prompted(self.vocabulary.prompt_text(request.prompt), start)
         forced = prompt
         if request.prefix.strip():
             # The request's words forced as the transcript's start (after the first timestamp
             # token, as faster-whisper's ``prefix``): CTranslate2 returns them as the first
             # tokens of the sequence, then what it decodes after them.
             given = self.vocabulary.encode(" " + request.prefix.strip())
-            forced = [*prompt, self.vocabulary.timestamp_begin, *given[-(_MAX_TEXT_CTX // 2) :]]
+            forced = [*prompt, self.vocabulary.timestamp_begin, *given[-(MAX_TEXT_CTX // 2) :]]
         # A bound on runaway repetition: ~12 tokens a second of audio is far above speech.
         budget = 32 + math.ceil(audio.size / SAMPLE_RATE * 12)
         # Beam search (``final_beam_size``) only for the words that are kept; a partial is
@@ -215,7 +190,7 @@ class Ct2WhisperModel(BaseWhisperModel):
             encoded,
             [forced],
             beam_size=beam,
-            max_length=_max_length(prompt, budget + len(forced) - len(prompt)),
+            max_length=max_length(prompt, budget + len(forced) - len(prompt)),
             suppress_blank=True,
         )[0]
         self._counted()
@@ -333,7 +308,7 @@ class Ct2WhisperModel(BaseWhisperModel):
             audio = np.concatenate([audio, np.zeros(MIN_DECODE_SAMPLES - audio.size, np.float32)])
         features = log_mel(audio, self.n_mels)  # the audio's frames + 30 s of silence
         content = audio.size // HOP
-        prompt_text = self._prompt_text(request.prompt)
+        prompt_text = self.vocabulary.prompt_text(request.prompt)
         segments: list[Segment] = []
         seek = 0
         while seek < content:
@@ -344,7 +319,7 @@ class Ct2WhisperModel(BaseWhisperModel):
             if language == "auto":
                 language = self._detect(encoded) if self.multilingual else "en"
             start = self._start(language)
-            prompt = self._prompted(prompt_text if seek == 0 else [], start)
+            prompt = self.vocabulary.prompted(prompt_text if seek == 0 else [], start)
             if cancel is not None and cancel.is_set():
                 raise TranscriptionCancelled("the transcription was cancelled")
             result = self._generate_file(encoded, prompt, request.temperature)
@@ -392,7 +367,7 @@ class Ct2WhisperModel(BaseWhisperModel):
         return self._model.generate(
             encoded,
             [prompt],
-            max_length=_max_length(prompt, _MAX_TEXT_CTX),
+            max_length=max_length(prompt, MAX_TEXT_CTX),
             return_scores=True,
             suppress_blank=True,
             **sampling,

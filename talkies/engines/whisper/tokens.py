@@ -16,9 +16,22 @@ from pathlib import Path
 from .ct2 import Ct2FormatError, read_vocabulary
 from .ct2ggml import byte_decoder
 
-__all__ = ["Vocabulary"]
+__all__ = ["MAX_TEXT_CTX", "Vocabulary", "max_length"]
 
+MAX_TEXT_CTX = 448  # Whisper's decoder positions
 _MAX_TOKEN_BYTES = 128  # the longest byte string greedy matching tries
+
+
+def max_length(prompt: Sequence[int], steps: int) -> int:
+    """CTranslate2's ``max_length`` for a Whisper decode of up to ``steps`` tokens after
+    ``prompt`` (its <|startofprev|> text and start-of-transcript sequence).
+
+    CTranslate2 counts the prompt in it: it decodes at most ``min(max_length / 2, max_length
+    - (len(prompt) - 1))`` steps, forced text tokens included (``WhisperReplica::generate``),
+    so ``steps`` alone would halve a decode's room, and none at all is left once the prompt
+    is half of it. Whisper's 448 positions bound the whole.
+    """
+    return min(MAX_TEXT_CTX, max(2 * steps, len(prompt) - 1 + steps))
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,3 +125,15 @@ class Vocabulary:
             else:
                 pos += 1  # a byte no token spells (cannot happen with byte-level BPE)
         return out
+
+    def prompt_text(self, text: str | None) -> list[int]:
+        """A prompt's tokens, at most what Whisper's prompt holds (half the context, less
+        <|startofprev|>); none for no text."""
+        if not text or not text.strip():
+            return []
+        return self.encode(" " + text.strip())[-(MAX_TEXT_CTX // 2 - 1) :]
+
+    def prompted(self, text: list[int], start: list[int]) -> list[int]:
+        """The decoder's prompt: ``text`` after <|startofprev|> when there is any, then the
+        start-of-transcript sequence."""
+        return [self.sot_prev, *text, *start] if text else start
