@@ -43,7 +43,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from bench.whisper_live import load  # noqa: E402
 from bench.whisper_live import utterances as utterances_of  # noqa: E402
-from tests.modelgen_whisper import word_errors  # noqa: E402
+from tests.modelgen_whisper import speech_clips, word_errors  # noqa: E402
 
 DATA = Path("/usr/share/pocketsphinx/test/data")
 RATE = 16000
@@ -134,18 +134,17 @@ def piper_clips(folder: Path) -> list[tuple[str, bytes]]:
 
 
 def utterances(scratch: Path) -> list[tuple[str, bytes]]:
-    clips = [
+    # goforward and the five LibriVox sentences, as the tests read them (not joined)
+    clips = [(c.name, c.pcm) for c in speech_clips() if c.name != "librivox-joined"]
+    clips += [
         (name, (DATA / path).read_bytes())
         for name, path in (
-            ("goforward", "goforward.raw"),
             ("numbers", "numbers.raw"),
             ("something", "something.raw"),
             ("digits", "tidigits/dhd.2934z.raw"),
         )
     ]
     clips += [(f"card{k}", wav_pcm(DATA / "cards" / f"00{k}.wav")) for k in range(1, 6)]
-    librivox = sorted((DATA / "librivox").glob("*.wav"))
-    clips += [(path.stem[-4:], wav_pcm(path)) for path in librivox]
     clips += [(f"espeak{k}", espeak(text)) for k, text in enumerate(ESPEAK)]
     return clips + piper_clips(scratch / "joe")
 
