@@ -379,6 +379,42 @@ def test_synthesis_refusals(server: Served) -> None:
         assert Error.from_event(events[0]).code == code
 
 
+def test_a_streaming_synthesis_that_fails_mid_audio_still_ends_its_audio(server: Served) -> None:
+    async def go() -> list[Event]:
+        async with AsyncTcpClient("127.0.0.1", server.port) as client:
+            await client.write_event(SynthesizeStart().event())
+            await client.write_event(SynthesizeChunk(text="Hello there. ").event())
+            await client.write_event(SynthesizeChunk(text="Bad\x00 text. ").event())
+            await client.write_event(SynthesizeStop().event())
+            events: list[Event] = []
+            while not events or events[-1].type != "synthesize-stopped":
+                event = await asyncio.wait_for(client.read_event(), 600)
+                assert event is not None, [e.type for e in events]
+                events.append(event)
+            return events
+
+    events = run(go())
+    types = [e.type for e in events]
+    # The first sentence's audio, then the refusal of the second, then the audio-stop a
+    # client waits for, then the end of the streaming synthesis.
+    assert types[0] == "audio-start" and "audio-chunk" in types, types
+    assert types[-3:] == ["error", "audio-stop", "synthesize-stopped"], types
+    assert Error.from_event(events[-3]).code == "invalid_input"
+
+
+def test_a_lone_surrogate_is_echoed_by_ping_and_refused_as_text_to_speak(
+    server: Served,
+) -> None:
+    # Valid JSON ("\ud800") that UTF-8 cannot hold (the wyoming package's own client cannot
+    # even send it): the pong carries it back escaped; a synthesis refuses it as input.
+    data = json.dumps({"text": "a\ud800b"}).encode()
+    events, closed = _raw(server.port, _header("ping", data_length=len(data)) + data, wait=3)
+    assert events == [{"type": "pong", "text": "a\ud800b"}] and not closed
+    events, closed = _raw(server.port, _header("synthesize", data_length=len(data)) + data, wait=3)
+    assert [(e["type"], e.get("code")) for e in events] == [("error", "invalid_input")]
+    assert not closed
+
+
 def test_speech_over_http_streams_sentence_by_sentence(server: Served) -> None:
     body = {
         "model": "piper-en-us-joe",
@@ -511,6 +547,16 @@ def _never_reads(port: int, served: Served) -> dict[str, Any]:
     return {"slots_freed": freed}
 
 
+def _synthesis_silent(served: Served) -> dict[str, Any]:
+    """A streaming synthesis given one sentence, then nothing (not even synthesize-stop)."""
+    chunk = json.dumps({"text": "Hello there. "}).encode()
+    data = _header("synthesize-start") + _header("synthesize-chunk", data_length=len(chunk))
+    facts = _refused(served.port, data + chunk, wait=IDLE + 30)
+    in_use = _scrape(served.http_port)['talkies_model_slots_in_use{model="piper-en-us-joe"}']
+    facts["slots_freed"] = in_use == 0
+    return facts
+
+
 def _unknown_then_describe(port: int) -> dict[str, Any]:
     data = _header("run-program", data={"argv": ["rm"]}) + _header("x" * 64) + _header("describe")
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
@@ -534,6 +580,7 @@ RUNNERS: dict[str, Callable[[Served], dict[str, Any]]] = {
     "wyoming-unknown-event": lambda s: _unknown_then_describe(s.port),
     "wyoming-silent": lambda s: _refused(s.port, _header("transcribe"), wait=IDLE + 10),
     "wyoming-never-reads": lambda s: _never_reads(s.port, s),
+    "wyoming-synthesis-silent": _synthesis_silent,
 }
 ROWS = rows(heading=SECTION)
 
@@ -570,6 +617,33 @@ def test_sigterm_lets_a_synthesis_finish_then_exits_0(tmp_path: Path) -> None:
         assert served.proc.wait(timeout=120) == 0
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", served.port), timeout=2).close()
+    finally:
+        if served.proc.poll() is None:
+            served.proc.kill()
+            served.proc.wait(timeout=30)
+
+
+def test_sigterm_after_a_client_left_a_streaming_synthesis_open_exits_at_once(
+    tmp_path: Path,
+) -> None:
+    # The client goes without synthesize-stop: its synthesis counted as in progress until
+    # the connection ended, else the shutdown would wait the whole grace (300 s) for it.
+    served = _start(tmp_path, "--grace", "300", TALKIES_WYOMING_URI="tcp://127.0.0.1:0")
+    try:
+
+        async def go() -> None:
+            async with AsyncTcpClient("127.0.0.1", served.port) as client:
+                await client.write_event(SynthesizeStart().event())
+                await client.write_event(SynthesizeChunk(text="Good night. ").event())
+                first = await asyncio.wait_for(client.read_event(), 600)
+                assert first is not None and first.type == "audio-start", first
+
+        run(go())
+        time.sleep(1.0)  # the server sees the connection end
+        stopped = time.monotonic()
+        served.proc.send_signal(signal.SIGTERM)
+        assert served.proc.wait(timeout=120) == 0
+        assert time.monotonic() - stopped < 60  # not the grace: nothing was in progress
     finally:
         if served.proc.poll() is None:
             served.proc.kill()

@@ -221,8 +221,17 @@ class Transcriber:
             await self.channel.error(f"the audio is longer than {limit:g} s", "audio_too_long")
             raise Close
         if pcm:
-            await job.stream.feed(pcm)
-            job.fed_at = time.monotonic()
+            await self._feed(job, pcm)
+
+    async def _feed(self, job: _Transcription, pcm: bytes) -> None:
+        """Feed converted audio in pieces no larger than a WebSocket frame may be: a chunk
+        may be up to the payload cap, and conversion makes 8-bit or 4 kHz audio up to eight
+        times larger, but the engine stream's buffer (and its backpressure) counts frames
+        of at most that size."""
+        step = max(2, self.channel.settings.stream_max_frame_bytes & ~1)
+        for at in range(0, len(pcm), step):
+            await job.stream.feed(pcm[at : at + step])
+        job.fed_at = time.monotonic()
 
     async def audio_stop(self, event: WireEvent) -> None:
         job = self.transcription
@@ -234,10 +243,11 @@ class Transcriber:
         if not job.done.is_set():
             rest = job.converter.convert(b"", last=True)
             if rest:
-                await job.stream.feed(rest)
-                job.fed_at = time.monotonic()
+                await self._feed(job, rest)
             await job.stream.flush()
             await job.done.wait()
+        # Its audio-stop is here: a failure while it was waiting drops nothing after it.
+        self.dropping = False
         await self.end()
 
     async def end(self) -> None:

@@ -69,6 +69,7 @@ class Connection:
         except* Close:
             pass
         finally:
+            self.tts.end()
             await self.asr.end()
 
     async def _read_loop(self) -> None:
@@ -84,10 +85,11 @@ class Connection:
                 last = anyio.current_time()
                 await self._handle(event)
                 continue
-            if self._stopping() and self.asr.transcription is None and not self.tts.speaking:
+            if self._stopping() and self.asr.transcription is None and not self.tts.in_progress:
                 return
-            # Nothing to wait for while the server is speaking; otherwise the client must
-            # send something within the idle timeout.
+            # Nothing to wait for while the server owes audio; otherwise the client must
+            # send something within the idle timeout (a streaming synthesis waiting for its
+            # text included).
             with anyio.move_on_after(1.0):
                 try:
                     data = await self.channel.stream.receive(_READ_SIZE)
@@ -96,7 +98,7 @@ class Connection:
                 self.reader.feed(data)
                 last = anyio.current_time()
                 continue
-            if self.tts.speaking:
+            if self.tts.working:
                 last = anyio.current_time()
             elif anyio.current_time() - last > idle:
                 await self.channel.error(f"nothing was received for {idle:g} s", "idle_timeout")

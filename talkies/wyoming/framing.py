@@ -139,9 +139,19 @@ def encode(kind: str, data: dict[str, Any] | None = None, payload: bytes | None 
     header: dict[str, Any] = {"type": kind, "version": VERSION}
     data_bytes = b""
     if data:
-        data_bytes = json.dumps(data, ensure_ascii=False).encode("utf-8")
+        data_bytes = _json_bytes(data)
         header["data_length"] = len(data_bytes)
     if payload:
         header["payload_length"] = len(payload)
-    line = json.dumps(header, ensure_ascii=False).encode("utf-8") + b"\n"
+    line = _json_bytes(header) + b"\n"
     return line + data_bytes + (payload or b"")
+
+
+def _json_bytes(value: dict[str, Any]) -> bytes:
+    """JSON as UTF-8; a string UTF-8 cannot hold (a lone surrogate, which JSON can carry and
+    a client may send, to be echoed back) is escaped instead."""
+    text = json.dumps(value, ensure_ascii=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value).encode("ascii")

@@ -17,7 +17,7 @@ from typing import Any, cast
 
 import anyio
 import anyio.to_thread
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectSendStream
 
 from .. import metrics
 from ..engines import catalogue
@@ -26,7 +26,6 @@ from ..engines.supply.builtin import DEFAULT_SPEECH_MODEL
 from ..engines.tts.base import (
     API_SPEED_RANGE,
     MAX_INPUT_CHARS,
-    SpeechError,
     SpeechModel,
     SpeechRequest,
     SynthesisFailed,
@@ -47,13 +46,31 @@ _INVALID = RefusalKind.INVALID_INPUT
 _SURFACE = "wyoming"  # the metrics' surface label
 
 
-async def _each(texts: list[str] | MemoryObjectReceiveStream[str]) -> AsyncIterator[str]:
+async def _each(texts: list[str] | AsyncIterator[str]) -> AsyncIterator[str]:
     if isinstance(texts, list):
         for text in texts:
             yield text
     else:
         async for text in texts:
             yield text
+
+
+def _cut(text: str) -> int:
+    """Where a text longer than :data:`MAX_INPUT_CHARS` (what one synthesis takes) is cut:
+    after the last white space in its first that many characters, else at the limit."""
+    cut = max(text.rfind(c, 0, MAX_INPUT_CHARS) for c in " \n\t\r") + 1
+    return cut if cut > 0 else MAX_INPUT_CHARS
+
+
+def _pieces(text: str) -> list[str]:
+    """``text`` in pieces one synthesis takes (:func:`_cut`), stripped, blank ones dropped."""
+    out = []
+    while len(text) > MAX_INPUT_CHARS:
+        cut = _cut(text)
+        out.append(text[:cut])
+        text = text[cut:]
+    out.append(text)
+    return [piece.strip() for piece in out if piece.strip()]
 
 
 class Synthesizer:
@@ -68,7 +85,40 @@ class Synthesizer:
         self.streamed_total = 0
         self.done: anyio.Event | None = None
         self.failed = False
-        self.speaking = False  # a synthesis is sending (the client need not send meanwhile)
+        self.speaking = False  # a one-shot synthesis is running
+        self.owed = 0  # texts of the streaming synthesis queued and not yet spoken
+
+    @property
+    def working(self) -> bool:
+        """The server owes the client audio, so the client need not send meanwhile: a one-shot
+        synthesis, or a streaming one with text not yet spoken. A streaming synthesis that
+        waits for its client's text is not working: the idle timeout applies."""
+        return self.speaking or self.owed > 0
+
+    @property
+    def in_progress(self) -> bool:
+        """A synthesis of either form is open (a graceful shutdown lets it finish)."""
+        return self.speaking or self.done is not None
+
+    def end(self) -> None:
+        """The connection is over: a streaming synthesis left open (no ``synthesize-stop``:
+        the client left, stopped reading or passed a limit) gives back its count. Its task,
+        and the slot it held, ended with the connection's task group."""
+        if self.done is not None:
+            if self.sentences is not None:
+                self.sentences.close()
+            self.sentences = None
+            self.done = None
+            self.owed = 0
+            self.channel.busy(-1)
+
+    def _queue(self, text: str) -> None:
+        """Give text to the streaming synthesis, in pieces one synthesis takes."""
+        if self.failed or self.sentences is None:
+            return
+        for piece in _pieces(text):
+            self.owed += 1
+            self.sentences.send_nowait(piece)
 
     def _voice(self, data: dict[str, Any]) -> tuple[str, str | None, str | None]:
         """(model, voice, language) of a synthesize event's ``voice``."""
@@ -108,12 +158,13 @@ class Synthesizer:
     async def _speak(
         self,
         slug: str,
-        texts: list[str] | MemoryObjectReceiveStream[str],
+        texts: list[str] | AsyncIterator[str],
         speaker: str | None,
         language: str | None,
     ) -> None:
         """Speak each text in turn on one slot: one audio-start, the chunks, one audio-stop.
-        A refusal before any audio is an error event instead."""
+        A refusal or failure is an error event; after audio began, the audio-stop follows
+        it, so a client reading up to the audio-stop is not left waiting."""
         send = self.channel.send
         started = False
         model: SpeechModel | None = None
@@ -129,8 +180,8 @@ class Synthesizer:
                     continue
                 began = began or time.monotonic()
                 request = SpeechRequest(text=text, voice=speaker or "", language=language)
+                check_request(request, speed_range=API_SPEED_RANGE)  # every text, not the first
                 if model is None:
-                    check_request(request, speed_range=API_SPEED_RANGE)
                     loaded, release = await self.pool.acquire(slug)
                     model = cast(SpeechModel, loaded)
                 if not speaker:  # the model's first voice (for an engine process, a call to it)
@@ -155,9 +206,10 @@ class Synthesizer:
         except (Refusal, EngineUnavailable, SynthesisFailed) as exc:
             code = exc.kind.value if isinstance(exc, Refusal) else "server_error"
             outcome = (code, code)
-            if isinstance(exc, SpeechError | SynthesisFailed) or not started:
-                await self.channel.refuse(exc)
             self.failed = True
+            await self.channel.refuse(exc)
+            if started:
+                await send("audio-stop")
             return
         finally:
             if release is not None:
@@ -190,16 +242,21 @@ class Synthesizer:
         self.streamed = ""
         self.streamed_total = 0
         self.failed = False
+        self.owed = 0
         done = self.done = anyio.Event()
         self.channel.busy(+1)
 
+        async def texts() -> AsyncIterator[str]:
+            async for text in receive:
+                yield text
+                self.owed -= 1  # asked for the next: this one is spoken
+
         async def speak() -> None:
-            self.speaking = True
             try:
                 async with receive:
-                    await self._speak(slug, receive, speaker, language)
+                    await self._speak(slug, texts(), speaker, language)
             finally:
-                self.speaking = False
+                self.owed = 0  # spoken, or failed: nothing more will be
                 done.set()
 
         self.channel.start_soon(speak)
@@ -219,12 +276,13 @@ class Synthesizer:
         # Each complete sentence goes to the synthesis now; the rest waits for more text.
         while match := _SENTENCE_END.search(self.streamed):
             sentence, self.streamed = self.streamed[: match.end()], self.streamed[match.end() :]
-            if not self.failed:
-                self.sentences.send_nowait(sentence.strip())
-        if len(self.streamed) > MAX_INPUT_CHARS and not self.failed:
-            # A "sentence" this long is spoken as it is.
-            self.sentences.send_nowait(self.streamed)
-            self.streamed = ""
+            self._queue(sentence)
+        while len(self.streamed) > MAX_INPUT_CHARS:
+            # A "sentence" this long is spoken in pieces one synthesis takes, cut at spaces;
+            # the rest waits for more text.
+            cut = _cut(self.streamed)
+            piece, self.streamed = self.streamed[:cut], self.streamed[cut:]
+            self._queue(piece)
 
     async def synthesize_stop(self, event: WireEvent) -> None:
         if self.sentences is None or self.done is None:
@@ -233,7 +291,9 @@ class Synthesizer:
         done = self.done
         try:
             if self.streamed.strip() and not self.failed:
-                sentences.send_nowait(self.streamed.strip())
+                for piece in _pieces(self.streamed):
+                    self.owed += 1
+                    sentences.send_nowait(piece)
             self.streamed = ""
             sentences.close()
             await done.wait()

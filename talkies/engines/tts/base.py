@@ -136,6 +136,15 @@ def check_request(
         )
     if "\x00" in request.text:
         raise SpeechError(SpeechErrorKind.INVALID_INPUT, "input contains NUL", param="input")
+    if not request.text.isascii():
+        try:
+            request.text.encode("utf-8")
+        except UnicodeEncodeError:  # JSON can carry a lone surrogate ("\\ud800"); no model can
+            raise SpeechError(
+                SpeechErrorKind.INVALID_INPUT,
+                "input is not valid Unicode (a lone surrogate)",
+                param="input",
+            ) from None
     if voices is not None and request.voice not in voices:
         raise SpeechError(
             SpeechErrorKind.UNKNOWN_VOICE, f"unknown voice {request.voice[:128]!r}", param="voice"
