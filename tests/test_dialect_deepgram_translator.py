@@ -287,6 +287,26 @@ def test_every_kind_of_message_validates_with_the_sdk_models() -> None:
     _sdk_validate(error.messages[0])
 
 
+def test_an_empty_binary_message_is_deepgrams_older_close_stream() -> None:
+    def run(last: list[Any]) -> tuple[list[str], int | None]:
+        pair = ListenPair(OPTIONS)
+        pair.engine(EngineOpened())
+        pair.client([AudioBatch(frames=(b"\x00\x00" * 1600,))])
+        pair.client(last)
+        pair.engine(EngineFinal(text="hello", words=()))
+        return [m["type"] for m in pair.messages], pair.close_code
+
+    close_stream = run([TextReceived(data='{"type":"CloseStream"}')])
+    assert close_stream == (["Results", "Metadata"], 1000)
+    # One read with audio, the empty message and audio past it: the same, the rest ignored.
+    empty = run([AudioBatch(frames=(b"\x00\x00" * 10, b"", b"\x00\x00"))])
+    assert empty == close_stream
+    assert run([BinaryReceived(data=b"")]) == close_stream  # a whole message, as ASGI gives it
+    # The empty last fragment of a message is not one.
+    fragments = run([BinaryReceived(data=b"\x00\x00", final=False), BinaryReceived(data=b"")])
+    assert fragments != close_stream
+
+
 def test_the_translator_is_quiet_once_closing() -> None:
     translator = ListenTranslator(OPTIONS, request_id="r", model_uuid="u", created="c")
     translator.closing()

@@ -262,3 +262,81 @@ def test_every_item_adds_up_and_every_commit_gets_its_item(
         assert completed is None or joined == completed
     completed_items = [item for item, (_, done) in items.items() if done is not None]
     assert len(completed_items) == len(set(completed_items))
+
+
+# -- what a review against a real server found (2026-12-02) -----------------------------------
+
+
+def test_a_turn_detection_value_json_cannot_echo_is_an_error_event() -> None:
+    pair = _pair(SERVER_VAD)
+    for value in ("NaN", "Infinity", "1e999"):
+        session = '{"type": "transcription", "audio": {"input": {"turn_detection": '
+        session += '{"type": "server_vad", "threshold": ' + value + "}}}}"
+        pair.client([TextReceived(data='{"type": "session.update", "session": ' + session + "}")])
+        error = pair.events[-1]["error"]
+        assert (error["code"], error["param"]) == (
+            "invalid_value",
+            "session.audio.input.turn_detection.threshold",
+        )
+    assert pair.close_code is None and not pair.closed
+
+
+def test_audio_appended_after_an_items_speech_can_be_committed() -> None:
+    # The engine answers a pause later than the audio after it was appended; the item's end
+    # does not swallow that audio (it did: the commit of the next speech was "empty").
+    pair = _pair(SERVER_VAD)
+    pair.client(_append(1.7))
+    text, words = _utterance(3)  # w0-w2 end at 0.6 s
+    pair.engine(EngineEndpoint(text=text, words=words))
+    assert "conversation.item.input_audio_transcription.completed" in _kinds(pair)
+    pair.client([_event("input_audio_buffer.commit")])
+    assert pair.events[-1]["type"] != "error" and pair.cuts == 1
+
+
+def test_a_clear_drops_audio_not_decoded_yet() -> None:
+    pair = _pair(SERVER_VAD)
+    pair.client(_append(1.0))
+    pair.client([_event("input_audio_buffer.clear")])  # nothing decoded yet
+    pair.client(_append(0.6))
+    text, words = _utterance(8)  # w0-w4 were said before the clear (they end by 1.0 s)
+    pair.engine(EngineEndpoint(text=text, words=words))
+    ((joined, completed),) = pair.items().values()
+    assert joined == completed == "w5 w6 w7"
+
+
+def test_a_clear_before_ready_drops_the_held_audio_but_not_a_held_commit() -> None:
+    pair = CountingPair(MANUAL)
+    inputs = {"turn_detection": None}
+    update = {"type": "transcription", "audio": {"input": inputs}}
+    pair.client([_event("session.update", session=update), *_append(0.5)])
+    pair.client([_event("input_audio_buffer.commit")])
+    pair.client([*_append(0.3), _event("input_audio_buffer.clear")])
+    pair.engine(EngineOpened())
+    # The committed half second reached the session; the cleared 0.3 s never did.
+    assert len(pair.audio()) == SECOND // 2 and pair.cuts == 1
+
+
+def test_a_clear_with_an_item_of_nothing_sent_makes_no_empty_item() -> None:
+    pair = _pair(SERVER_VAD)
+    pair.client(_append(1.0))
+    text, words = _utterance(2)
+    pair.engine(EnginePartial(text=text, words=words))  # speech_started
+    pair.client([_event("input_audio_buffer.clear")])
+    pair.engine(EngineEndpoint(text=text, words=words))  # nothing after the clear
+    assert pair.items() == {}
+    assert "input_audio_buffer.committed" not in _kinds(pair)
+
+
+def test_switching_to_server_vad_commits_the_manual_text_it_held() -> None:
+    pair = _pair(MANUAL)
+    pair.client(_append(1.0))
+    text, words = _utterance(1)
+    pair.engine(EngineEndpoint(text=text, words=words))  # held for the next commit
+    session = {"type": "transcription", "audio": {"input": {"turn_detection": {}}}}
+    pair.client([_event("session.update", session=session)])
+    assert pair.cuts == 1
+    pair.engine(EngineEndpoint(text="", words=(), cut=True))
+    pair.client(_append(1.0))
+    text, words = _utterance(1, start=1.2)
+    pair.engine(EngineEndpoint(text=text, words=words))  # a server-VAD item of its own
+    assert sorted(pair.items().values()) == [("w0", "w0"), ("w0", "w0")]

@@ -299,6 +299,7 @@ class ListenTranslator:
         self._last_word_end: float | None = None  # of words sent final since UtteranceEnd
         self._why: str | None = None  # the detail of the failure the session is about to send
         self._ending = False  # CloseStream was passed on as the native end
+        self._binary_open = False  # a binary message's fragments are arriving
 
     # -- client -> session -------------------------------------------------------------------
 
@@ -312,11 +313,19 @@ class ListenTranslator:
         out: list[ClientInput] = []
         for item in batch:
             if isinstance(item, AudioBatch):
+                if b"" in item.frames:  # an empty message: Deepgram's older CloseStream
+                    out.extend(self._empty_message(item.frames))
+                    continue
                 for frame in item.frames:
                     self._audio_bytes += len(frame)
                     self._audio_hash.update(frame)
                 out.append(item)
             elif isinstance(item, BinaryReceived):
+                whole = not self._binary_open  # a message's first fragment, or all of it
+                self._binary_open = not item.final
+                if whole and item.final and not item.data:  # an empty message (ASGI's form)
+                    out.extend(self._empty_message((b"",)))
+                    continue
                 if self._text is not None:
                     # Not possible on a real WebSocket; the session answers invalid_message.
                     out.append(TextReceived(data=bytes(self._text), final=False))
@@ -328,6 +337,19 @@ class ListenTranslator:
                 out.extend(self._text_part(item))
             else:
                 out.append(item)
+        return out
+
+    def _empty_message(self, frames: tuple[bytes | bytearray, ...]) -> list[ClientInput]:
+        """A read with an empty binary message: the audio before it, then CloseStream (what
+        Deepgram still takes an empty message for); audio after it is past the end."""
+        before = frames[: frames.index(b"")]
+        for frame in before:
+            self._audio_bytes += len(frame)
+            self._audio_hash.update(frame)
+        out: list[ClientInput] = [AudioBatch(frames=before)] if before else []
+        if not self._ending:
+            self._ending = True
+            out.append(END)
         return out
 
     def _text_part(self, item: TextReceived) -> list[ClientInput]:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -237,6 +238,8 @@ def _turn_detection(value: object, param: str) -> dict[str, Any] | None:
             continue
         number = value_ if key not in ("create_response", "interrupt_response") else 0
         bad = isinstance(number, bool) or not isinstance(number, int | float) or number < 0
+        # NaN passes "< 0"; JSON's 1e999 is infinity: neither can be echoed as JSON.
+        bad = bad or (isinstance(number, float) and not math.isfinite(number))
         if key in ("create_response", "interrupt_response"):
             bad = not isinstance(value_, bool)
         elif key == "idle_timeout_ms" and value_ is None:
@@ -493,7 +496,9 @@ class RealtimeTranslator:
         self._cut_count = 0  # a clear, without word times: this many words dropped
         self._hypothesis: tuple[str, tuple[_Word, ...]] = ("", ())
         self._sent = ""  # the open item's text sent in deltas so far (server VAD)
-        self._appended = 0  # bytes of audio appended since the last commit, clear or item
+        self._total = 0  # bytes of audio appended (less what a clear dropped before ready)
+        self._buffer_from = 0  # of them, where the uncommitted buffer begins (commit, clear, item)
+        self._pending_clear: float | None = None  # a clear behind unanswered commits (seconds)
         self._awaiting: deque[str | None] = deque()  # each cut's item (manual) or None (VAD)
         self._parts: list[str] = []  # manual: the engine's endpoints since the last commit
         self._commit_start = 0.0  # manual: where the next committed item's audio begins
@@ -627,6 +632,7 @@ class RealtimeTranslator:
         return [AudioBatch(frames=())] if self.streaming and not self.closed else []
 
     def _update(self, event: dict[str, Any], *, beta: bool) -> list[ClientInput]:
+        was_manual = self.config.turn_detection is None
         self.config = configure(self.config, event.get("session"), beta=beta, opened=self.opened)
         self.beta = beta
         self._emit(
@@ -635,6 +641,9 @@ class RealtimeTranslator:
                 "session": session_object(self.config, session_id=self._session_id, beta=beta),
             }
         )
+        manual = self.config.turn_detection is None
+        if self.opened and manual != was_manual:
+            return self._switch(manual=manual) or self._activity()
         return self._open() or self._activity()
 
     def _open(self) -> list[ClientInput]:
@@ -671,7 +680,7 @@ class RealtimeTranslator:
             )
         if not pcm:
             return self._activity()
-        self._appended += len(pcm)
+        self._total += len(pcm)
         step = self._max_frame
         frames = (
             [pcm] if len(pcm) <= step else [pcm[i : i + step] for i in range(0, len(pcm), step)]
@@ -683,14 +692,20 @@ class RealtimeTranslator:
         return [AudioBatch(frames=tuple(frames))]
 
     def _commit(self) -> list[ClientInput]:
-        if self._appended < _MIN_COMMIT_BYTES:
+        buffered = self._total - self._buffer_from
+        if buffered < _MIN_COMMIT_BYTES:
             raise EventError(
                 code="input_audio_buffer_commit_empty",
                 message="buffer too small: expected at least 100ms of audio, but the buffer "
-                f"has {self._appended / (2 * INPUT_RATE / 1000):.2f}ms",
+                f"has {buffered / (2 * INPUT_RATE / 1000):.2f}ms",
             )
-        self._appended = 0
-        if self.config.turn_detection is None:
+        return self._cut_here(manual=self.config.turn_detection is None)
+
+    def _cut_here(self, *, manual: bool) -> list[ClientInput]:
+        """Commit the buffer: a manual item now, transcribed when the cut answers; or (server
+        VAD) the end of the open item, as a pause would end it."""
+        self._buffer_from = self._total
+        if manual:
             item, previous = self._new_item()
             self._previous_of[item] = previous
             self._emit(
@@ -703,28 +718,59 @@ class RealtimeTranslator:
             self._emit_added(item, previous)
             self._awaiting.append(item)
         else:
-            self._awaiting.append(None)  # ends the open item as a pause would
+            self._awaiting.append(None)
         if not self.streaming:
             self._held.append(None)
             return []
         return [CutRequested()]
 
+    def _switch(self, *, manual: bool) -> list[ClientInput]:
+        """``turn_detection`` changed mode mid-session: what the old mode had open is
+        committed under it first, so no item is left open nor text carried into another."""
+        if manual and self._item is not None:
+            return self._cut_here(manual=False)  # the open item ends here
+        uncommitted = self._total - self._buffer_from >= _MIN_COMMIT_BYTES
+        if not manual and (self._parts or uncommitted):
+            return self._cut_here(manual=True)  # the audio since the last commit is an item
+        return []
+
     def _clear(self) -> None:
-        # The engine keeps what it heard; the words of the open utterance heard so far are
-        # dropped from its item (by their times, by their count without times). Text already
-        # sent in deltas cannot be taken back: its item ends here, with that text.
-        text, words = self._hypothesis
-        if self._item is not None and self._sent:
-            end = words[-1].end if words else self._item_start
-            self._finish(self._item, self._sent, "", end)
-        if words:
-            self._cut_end = words[-1].end
+        # All the audio appended and not committed is dropped: held before the native ready,
+        # it is never sent; sent, the engine keeps it, and words heard in it are dropped from
+        # what follows (by their times: up to the audio appended so far, decoded or not; by
+        # their count without times). Text already sent in deltas cannot be taken back: its
+        # item ends here, with that text; an item with nothing sent is dropped.
+        if not self.streaming:
+            keep = len(self._held)
+            while keep and self._held[keep - 1] is not None:
+                keep -= 1
+            self._total -= sum(len(f) for f in self._held[keep:] if f is not None)
+            del self._held[keep:]
+        self._buffer_from = self._total
+        at = self._total / (2 * INPUT_RATE)  # seconds, on the engine's time line
+        if self._awaiting:
+            # Commits not answered yet keep their audio and text: the clear applies after.
+            self._pending_clear = at
         else:
+            self._apply_clear(at)
+        self._emit({"type": "input_audio_buffer.cleared"})
+
+    def _apply_clear(self, at: float) -> None:
+        text, words = self._hypothesis
+        if self._item is not None:
+            if self._sent:
+                end = words[-1].end if words else self._item_start
+                self._finish(self._item, self._sent, "", end)
+            else:
+                self._item = None
+        end = max(at, words[-1].end if words else 0.0, self._cut_end or 0.0)
+        if end > 0.0:
+            self._cut_end = end
+        if not words:
             self._cut_count += len(text.split())
         self._hypothesis = ("", ())
-        self._appended = 0
         self._parts = []
-        self._emit({"type": "input_audio_buffer.cleared"})
+        self._commit_start = max(self._commit_start, at)
 
     def _refuse(self, error: EventError, client_id: str | None) -> None:
         if not self.closed:
@@ -799,8 +845,8 @@ class RealtimeTranslator:
         raw = str(event["text"])
         text, words = self._after_cut(raw.strip(), _words(event.get("words")))
         self._hypothesis = (text, words)
-        if self.config.turn_detection is None:
-            return  # manual: items begin at commits
+        if self.config.turn_detection is None or self._awaiting_manual:
+            return  # manual: items begin at commits (words before one awaited are its)
         if self._item is None and text:
             self._speech_started(words[0].start if words else self._segment_start)
         stable = event.get("stable")
@@ -833,7 +879,8 @@ class RealtimeTranslator:
             }
         )
 
-    def _endpoint(self, event: dict[str, Any]) -> None:
+    def _endpoint(self, event: dict[str, Any]) -> bool:
+        """A server-VAD utterance's end: its item, if it had words (whether it had)."""
         text, words = self._after_cut(str(event["text"]).strip(), _words(event.get("words")))
         end = max(float(event["audio_seconds"]), words[-1].end if words else 0.0)
         if self._item is None and text:
@@ -841,21 +888,26 @@ class RealtimeTranslator:
         item = self._item
         self._next_utterance(end)
         if item is None:
-            return  # an endpoint after no words: no item
+            return False  # an endpoint after no words: no item
         sent = self._sent
         if text.startswith(sent):
             rest = text[len(sent) :]
         else:  # (an engine that broke its promise: what was sent stays, then the new words)
             extra = text.split()[len(sent.split()) :]
             rest = " " + " ".join(extra) if extra and sent else " ".join(extra)
+        # The item's audio ends with its speech: what was appended after that (the engine
+        # answers a pause later, and audio_seconds counts all the session took) stays in the
+        # buffer for a commit. Without word times, all of it is the item's.
+        spoken = words[-1].end if words else end
+        self._buffer_from = max(self._buffer_from, min(self._total, 2 * round(spoken * INPUT_RATE)))
         self._finish(item, sent + rest, rest, end)
+        return True
 
     def _finish(self, item: str, transcript: str, delta: str, end: float) -> None:
         """A server-VAD item's end: stopped, committed, added, its last delta, completed."""
         previous, self._last_item = self._last_item, item
         self._item = None
         self._sent = ""
-        self._appended = 0
         self._emit(
             {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": _ms(end), "item_id": item}
         )
@@ -868,7 +920,8 @@ class RealtimeTranslator:
     def _next_utterance(self, end: float) -> None:
         self._segment_start = end
         self._hypothesis = ("", ())
-        self._cut_end = None
+        if self._cut_end is None or end >= self._cut_end:  # else: cleared audio still to come
+            self._cut_end = None
         self._cut_count = 0
 
     def _cut(self, event: dict[str, Any]) -> None:
@@ -876,16 +929,36 @@ class RealtimeTranslator:
         item's end."""
         item = self._awaiting.popleft() if self._awaiting else None
         if item is None:
-            self._endpoint(event)
-            return
-        text, words = self._after_cut(str(event["text"]).strip(), _words(event.get("words")))
-        end = max(float(event["audio_seconds"]), words[-1].end if words else 0.0)
-        transcript = " ".join(part for part in (*self._parts, text) if part)
-        self._parts = []
-        self._next_utterance(end)
-        previous = self._previous_of.pop(item, None)
-        self._transcript(item, previous, transcript, transcript, max(0.0, end - self._commit_start))
-        self._commit_start = end
+            if not self._endpoint(event):
+                # A commit under server VAD with no words in it: an item all the same, with
+                # an empty transcript (OpenAI answers every commit it takes).
+                item, previous = self._new_item()
+                self._emit(
+                    {
+                        "type": "input_audio_buffer.committed",
+                        "previous_item_id": previous,
+                        "item_id": item,
+                    }
+                )
+                self._emit_added(item, previous)
+                self._transcript(item, previous, "", "", 0.0)
+        else:
+            text, words = self._after_cut(str(event["text"]).strip(), _words(event.get("words")))
+            end = max(float(event["audio_seconds"]), words[-1].end if words else 0.0)
+            transcript = " ".join(part for part in (*self._parts, text) if part)
+            self._parts = []
+            self._next_utterance(end)
+            previous = self._previous_of.pop(item, None)
+            seconds = max(0.0, end - self._commit_start)
+            self._transcript(item, previous, transcript, transcript, seconds)
+            self._commit_start = end
+        if not self._awaiting and self._pending_clear is not None:
+            at, self._pending_clear = self._pending_clear, None
+            self._apply_clear(at)
+
+    @property
+    def _awaiting_manual(self) -> bool:
+        return any(item is not None for item in self._awaiting)
 
     def _manual_endpoint(self, event: dict[str, Any], *, final: bool) -> None:
         """Manual commits: the engine's own endpoints wait for the next commit's item (the
