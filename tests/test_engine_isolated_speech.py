@@ -253,3 +253,25 @@ def test_a_crash_before_the_first_chunk_is_a_500_and_the_server_goes_on(
         fine = httpx.post(url, json=short, timeout=60)
         assert fine.status_code == 200 and fine.content.startswith(b"RIFF")
         assert pid not in _children()
+
+
+def test_voices_of_a_model_whose_engine_died_idle_are_asked_of_a_new_one(
+    tmp_path: Path, entries: dict[str, ModelEntry]
+) -> None:
+    # The pool still holds the dead engine (nothing asked it since): /v1/audio/voices used
+    # to call it and drop the connection without a response.
+    pool = ModelPool(entries, Settings(data_dir=tmp_path, model_max_concurrency=2), validate=False)
+    with run_server(provider=pool) as server:
+        voices = server.http + "/v1/audio/voices?model=qwen3-tiny-long"
+        first = httpx.get(voices, timeout=60)
+        assert first.is_success
+        (pid,) = _children()
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while pid in _children():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        again = httpx.get(voices, timeout=60)
+        assert again.status_code == 200, again.text
+        assert again.json() == first.json()
+        assert pid not in _children() and len(_children()) == 1

@@ -197,6 +197,16 @@ def test_fragments_make_one_frame_and_one_feed() -> None:
     assert (s.frames, s.samples) == (1, 2)
 
 
+def test_empty_fragments_are_not_kept() -> None:
+    # A client can send empty continuation frames for ever (6 bytes each on the wire): the
+    # frame-size check never trips on them, so keeping each one grew memory without bound.
+    s = session_in(State.STREAMING)
+    feed(s, BinaryReceived(data=b"\x01", final=False))
+    feed(s, *[BinaryReceived(data=b"", final=False) for _ in range(10_000)])
+    assert s._audio_parts is not None and len(s._audio_parts) == 1
+    assert feed(s, BinaryReceived(data=b"\x02")) == [Feed(pcm=b"\x01\x02")]
+
+
 def test_text_fragments_mixing_str_and_bytes() -> None:
     s = session_in(State.AWAITING_START)
     msg = start_text(language="pt_br").encode()

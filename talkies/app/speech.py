@@ -30,6 +30,7 @@ import anyio
 
 from .. import audio, metrics
 from ..engines import catalogue
+from ..engines.base import EngineLost
 from ..engines.pool import ModelPool
 from ..engines.tts.base import (
     API_SPEED_RANGE,
@@ -197,6 +198,13 @@ async def _start(
         error = http_error(exc)
         _ended(error.code or "error", error.code or "error")
         raise error from None
+    except (EngineLost, SynthesisFailed) as exc:
+        # The engine process died or hung before the synthesis began (its validation is a
+        # call to it): a 500 in OpenAI's shape, not a dropped connection; the next request
+        # loads a fresh engine.
+        release()
+        _ended("server_error", "server_error")
+        raise HttpError(500, str(exc), code="server_error") from None
     except BaseException:
         release()
         _ended("peer_gone")
@@ -286,9 +294,21 @@ async def voices_route(request: Request, *, pool: ModelPool) -> Response:
         )
     _speech_model(pool, slug)
     loaded = pool.peek(slug)
-    if loaded is None:  # load it (that needs a slot for the moment)
+    if loaded is None or not getattr(loaded, "alive", True):
+        # Load it (that needs a slot for the moment); an engine process that died is
+        # replaced by the load, as a speech request would replace it.
         loaded, release = await acquire_model(pool, slug)
         release()
-    # A worker thread: for a model in an engine process this is a call to it.
-    voices = await anyio.to_thread.run_sync(cast(SpeechModel, loaded).voices)
+    try:
+        # A worker thread: for a model in an engine process this is a call to it.
+        voices = await anyio.to_thread.run_sync(cast(SpeechModel, loaded).voices)
+    except EngineLost:
+        # Its engine process died while idle (found only by calling it): once more, on the
+        # engine the pool loads in its place.
+        loaded, release = await acquire_model(pool, slug)
+        release()
+        try:
+            voices = await anyio.to_thread.run_sync(cast(SpeechModel, loaded).voices)
+        except EngineLost as exc:
+            raise HttpError(500, str(exc), code="server_error") from None
     return json_response(200, {"object": "list", "model": slug, "voices": voices})

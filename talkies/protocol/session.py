@@ -303,8 +303,9 @@ class StreamSession:
         self._check_frame_size(self._audio_size + len(data))
         if self._audio_parts is None:
             self._audio_parts = []
-        self._audio_parts.append(data)
-        self._audio_size += len(data)
+        if data:  # empty fragments add nothing: kept, they would grow memory without bound
+            self._audio_parts.append(data)
+            self._audio_size += len(data)
 
     def _on_audio(self, rule: Rule, event: Input, payload: object) -> None:
         assert isinstance(event, BinaryReceived)
