@@ -140,3 +140,52 @@ def test_status_lines_carry_reason_phrases(server: RunningServer) -> None:
             b"Sec-WebSocket-Version: 13\r\n\r\n"
         )
         assert sock.recv(65536).startswith(b"HTTP/1.1 101 Switching Protocols\r\n")
+
+
+def _chunked_request(body_chunks: bytes) -> list[bytes | str]:
+    """The body chunks the app reads of a chunked POST whose bytes all arrived in one read
+    (the error's message in place of a chunk when the body is refused)."""
+    import anyio
+    import h11
+
+    from talkies.app.http import HttpError
+    from talkies.transport.h11app import build_request
+    from talkies.transport.http import HttpLimits
+
+    conn = h11.Connection(h11.SERVER)
+    head = b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+    conn.receive_data(head + body_chunks)
+    request = conn.next_event()
+    assert isinstance(request, h11.Request)
+
+    class NoSocket:  # everything was received already: the socket is never read
+        async def receive(self, max_bytes: int = 65536) -> bytes:
+            raise AssertionError("read the socket")
+
+        async def send(self, item: bytes) -> None:
+            raise AssertionError("sent")
+
+    async def go() -> list[bytes | str]:
+        built = build_request(
+            conn, NoSocket(), request, limits=HttpLimits(), max_body=1 << 20, peer=None
+        )  # type: ignore[arg-type]
+        out: list[bytes | str] = []
+        try:
+            async for chunk in built.body.chunks():
+                out.append(chunk)
+        except HttpError as exc:
+            out.append(str(exc))
+        return out
+
+    return anyio.run(go)
+
+
+def test_a_body_of_one_byte_chunks_reaches_the_app_as_one_chunk() -> None:
+    # One chunk per byte would be one disk write and one thread hop per byte of an upload
+    # (about 90 us of CPU each: 17 s for a 200 kB file).
+    body = b"".join(b"1\r\n" + bytes([65 + k % 26]) + b"\r\n" for k in range(5000)) + b"0\r\n\r\n"
+    chunks = _chunked_request(body)
+    assert len(chunks) == 1 and len(chunks[0]) == 5000
+    # A malformed chunk after good ones: their data first, then the refusal, as before.
+    broken = _chunked_request(b"1\r\nA\r\n1\r\nB\r\nzz\r\n")
+    assert broken[0] == b"AB" and len(broken) == 2 and "malformed request body" in broken[1]

@@ -64,7 +64,12 @@ def build_request(
     seconds after its head (``TALKIES_UPLOAD_TIMEOUT``; None: no overall deadline)."""
     deadline = UploadDeadline(upload_timeout, stall=limits.body_timeout)
 
+    ended: list[bool] = []  # the end of the body was parsed while joining its last data
+    broken: list[h11.RemoteProtocolError] = []  # so was a malformed chunk after it
+
     async def receive() -> bytes:
+        if ended:
+            return b""
         if conn.they_are_waiting_for_100_continue:
             await stream.send(
                 conn.send(
@@ -75,6 +80,8 @@ def build_request(
             )
         while True:
             try:
+                if broken:
+                    raise broken.pop()
                 event = conn.next_event()
             except h11.RemoteProtocolError as exc:
                 # A broken chunked body (a chunk size that is not hex, a chunk not ended by
@@ -95,7 +102,7 @@ def build_request(
                 conn.receive_data(data)
                 continue
             if isinstance(event, h11.Data):
-                return bytes(event.data)
+                return _joined(event, conn, limits.read_size, ended, broken)
             if isinstance(event, h11.EndOfMessage):
                 return b""
             raise ClientGone()  # ConnectionClosed
@@ -207,3 +214,33 @@ async def send_response(
             await stream.send(conn.send(h11.EndOfMessage()))
     finally:
         await response.close_body()
+
+
+def _joined(
+    first: h11.Data,
+    conn: h11.Connection,
+    most: int,
+    ended: list[bool],
+    broken: list[h11.RemoteProtocolError],
+) -> bytes:
+    """``first`` and the body data h11 has already parsed after it, up to ``most`` bytes, as
+    one chunk: a chunked body of 1-byte chunks would otherwise be one chunk (and one write to
+    disk, one thread hop) per byte of it. Nothing more is read from the socket; the body's
+    end, or a malformed chunk after the data, is noted for the next call (``ended``,
+    ``broken``)."""
+    data = bytearray(first.data)
+    while len(data) < most:
+        try:
+            event = conn.next_event()
+        except h11.RemoteProtocolError as exc:
+            broken.append(exc)
+            break
+        if isinstance(event, h11.Data):
+            data += event.data
+            continue
+        if isinstance(event, h11.EndOfMessage):
+            ended.append(True)
+        elif event is not h11.NEED_DATA:  # ConnectionClosed: the next call finds it gone
+            raise ClientGone()
+        break
+    return bytes(data)
