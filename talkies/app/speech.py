@@ -294,17 +294,15 @@ async def voices_route(request: Request, *, pool: ModelPool) -> Response:
         )
     _speech_model(pool, slug)
     loaded = pool.peek(slug)
-    if loaded is None or not getattr(loaded, "alive", True):
-        # Load it (that needs a slot for the moment); an engine process that died is
-        # replaced by the load, as a speech request would replace it.
+    if loaded is None:  # load it (that needs a slot for the moment)
         loaded, release = await acquire_model(pool, slug)
         release()
     try:
         # A worker thread: for a model in an engine process this is a call to it.
         voices = await anyio.to_thread.run_sync(cast(SpeechModel, loaded).voices)
     except EngineLost:
-        # Its engine process died while idle (found only by calling it): once more, on the
-        # engine the pool loads in its place.
+        # Its engine process died while idle (found by calling it): once more, on the
+        # engine the pool loads in its place, as a speech request would load it.
         loaded, release = await acquire_model(pool, slug)
         release()
         try:

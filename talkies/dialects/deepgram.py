@@ -314,7 +314,10 @@ class ListenTranslator:
         for item in batch:
             if isinstance(item, AudioBatch):
                 if b"" in item.frames:  # an empty message: Deepgram's older CloseStream
-                    out.extend(self._empty_message(item.frames))
+                    # The audio before it, counted as any; audio after it is past the end.
+                    before = item.frames[: item.frames.index(b"")]
+                    out.extend(self.client([AudioBatch(frames=before)]) if before else [])
+                    out.extend(self._close_stream())
                     continue
                 for frame in item.frames:
                     self._audio_bytes += len(frame)
@@ -324,7 +327,7 @@ class ListenTranslator:
                 whole = not self._binary_open  # a message's first fragment, or all of it
                 self._binary_open = not item.final
                 if whole and item.final and not item.data:  # an empty message (ASGI's form)
-                    out.extend(self._empty_message((b"",)))
+                    out.extend(self._close_stream())
                     continue
                 if self._text is not None:
                     # Not possible on a real WebSocket; the session answers invalid_message.
@@ -339,18 +342,13 @@ class ListenTranslator:
                 out.append(item)
         return out
 
-    def _empty_message(self, frames: tuple[bytes | bytearray, ...]) -> list[ClientInput]:
-        """A read with an empty binary message: the audio before it, then CloseStream (what
-        Deepgram still takes an empty message for); audio after it is past the end."""
-        before = frames[: frames.index(b"")]
-        for frame in before:
-            self._audio_bytes += len(frame)
-            self._audio_hash.update(frame)
-        out: list[ClientInput] = [AudioBatch(frames=before)] if before else []
-        if not self._ending:
-            self._ending = True
-            out.append(END)
-        return out
+    def _close_stream(self) -> list[ClientInput]:
+        """``CloseStream`` (or an empty binary message, Deepgram's older form of it): the
+        native end, once; a repeat is nothing, the flush being under way."""
+        if self._ending:
+            return []
+        self._ending = True
+        return [END]
 
     def _text_part(self, item: TextReceived) -> list[ClientInput]:
         data = (
@@ -377,10 +375,7 @@ class ListenTranslator:
         if not isinstance(kind, str):
             return [TextReceived(data=data)]  # invalid_message / missing_field, natively
         if kind == "CloseStream":
-            if self._ending:
-                return []  # once is enough: the flush is under way
-            self._ending = True
-            return [END]
+            return self._close_stream()
         # KeepAlive and Finalize after CloseStream: the flush answers for both (LiveKit sends
         # them while it closes); before ready, the session has no idle timer to restart.
         live = self.streaming and not self._ending

@@ -691,8 +691,13 @@ class RealtimeTranslator:
             return opening
         return [AudioBatch(frames=tuple(frames))]
 
+    @property
+    def _buffered(self) -> int:
+        """Bytes of audio appended and not committed (nor cleared, nor an item's)."""
+        return self._total - self._buffer_from
+
     def _commit(self) -> list[ClientInput]:
-        buffered = self._total - self._buffer_from
+        buffered = self._buffered
         if buffered < _MIN_COMMIT_BYTES:
             raise EventError(
                 code="input_audio_buffer_commit_empty",
@@ -708,14 +713,7 @@ class RealtimeTranslator:
         if manual:
             item, previous = self._new_item()
             self._previous_of[item] = previous
-            self._emit(
-                {
-                    "type": "input_audio_buffer.committed",
-                    "previous_item_id": previous,
-                    "item_id": item,
-                }
-            )
-            self._emit_added(item, previous)
+            self._emit_committed(item, previous)
             self._awaiting.append(item)
         else:
             self._awaiting.append(None)
@@ -729,8 +727,7 @@ class RealtimeTranslator:
         committed under it first, so no item is left open nor text carried into another."""
         if manual and self._item is not None:
             return self._cut_here(manual=False)  # the open item ends here
-        uncommitted = self._total - self._buffer_from >= _MIN_COMMIT_BYTES
-        if not manual and (self._parts or uncommitted):
+        if not manual and (self._parts or self._buffered >= _MIN_COMMIT_BYTES):
             return self._cut_here(manual=True)  # the audio since the last commit is an item
         return []
 
@@ -911,10 +908,7 @@ class RealtimeTranslator:
         self._emit(
             {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": _ms(end), "item_id": item}
         )
-        self._emit(
-            {"type": "input_audio_buffer.committed", "previous_item_id": previous, "item_id": item}
-        )
-        self._emit_added(item, previous)
+        self._emit_committed(item, previous)
         self._transcript(item, previous, transcript, delta, max(0.0, end - self._item_start))
 
     def _next_utterance(self, end: float) -> None:
@@ -933,14 +927,7 @@ class RealtimeTranslator:
                 # A commit under server VAD with no words in it: an item all the same, with
                 # an empty transcript (OpenAI answers every commit it takes).
                 item, previous = self._new_item()
-                self._emit(
-                    {
-                        "type": "input_audio_buffer.committed",
-                        "previous_item_id": previous,
-                        "item_id": item,
-                    }
-                )
-                self._emit_added(item, previous)
+                self._emit_committed(item, previous)
                 self._transcript(item, previous, "", "", 0.0)
         else:
             text, words = self._after_cut(str(event["text"]).strip(), _words(event.get("words")))
@@ -968,6 +955,13 @@ class RealtimeTranslator:
         if text and not final:
             self._parts.append(text)
         self._next_utterance(end)
+
+    def _emit_committed(self, item: str, previous: str | None) -> None:
+        """An item committed: ``input_audio_buffer.committed``, then the item added."""
+        self._emit(
+            {"type": "input_audio_buffer.committed", "previous_item_id": previous, "item_id": item}
+        )
+        self._emit_added(item, previous)
 
     def _emit_added(self, item: str, previous: str | None) -> None:
         added = "conversation.item.created" if self.beta else "conversation.item.added"

@@ -287,17 +287,14 @@ class Synthesizer:
     async def synthesize_stop(self, event: WireEvent) -> None:
         if self.sentences is None or self.done is None:
             raise Refusal(_INVALID, "synthesize-stop without synthesize-start")
-        sentences, self.sentences = self.sentences, None
-        done = self.done
+        sentences, done = self.sentences, self.done
         try:
-            if self.streamed.strip() and not self.failed:
-                for piece in _pieces(self.streamed):
-                    self.owed += 1
-                    sentences.send_nowait(piece)
+            self._queue(self.streamed)
             self.streamed = ""
             sentences.close()
             await done.wait()
             await self.channel.send("synthesize-stopped")
         finally:
+            self.sentences = None
             self.done = None
             self.channel.busy(-1)
