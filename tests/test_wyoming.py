@@ -557,6 +557,33 @@ def _synthesis_silent(served: Served) -> dict[str, Any]:
     return facts
 
 
+def _trickle(port: int) -> dict[str, Any]:
+    """A header line sent a byte every 0.5 s that never ends (within the 64 KiB line cap)."""
+    started = time.monotonic()
+    got = b""
+    closed = False
+    with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+        data = iter(b'{"type": "transcribe"' + b" " * 1000)
+        while time.monotonic() - started < IDLE + 20 and not closed:
+            try:
+                sock.sendall(bytes([next(data)]))
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                chunk = b""
+            got += chunk
+            closed = not chunk
+    facts: dict[str, Any] = {"refused": []}
+    stream = io.BytesIO(got)
+    while (event := read_event(stream)) is not None:
+        if event.type == "error":
+            facts["refused"].append(event.data.get("code"))
+    if closed:
+        facts["closed_s"] = time.monotonic() - started
+    return facts
+
+
 def _unknown_then_describe(port: int) -> dict[str, Any]:
     data = _header("run-program", data={"argv": ["rm"]}) + _header("x" * 64) + _header("describe")
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
@@ -579,6 +606,7 @@ RUNNERS: dict[str, Callable[[Served], dict[str, Any]]] = {
     "wyoming-not-an-object": lambda s: _refused(s.port, b"[1, 2]\n"),
     "wyoming-unknown-event": lambda s: _unknown_then_describe(s.port),
     "wyoming-silent": lambda s: _refused(s.port, _header("transcribe"), wait=IDLE + 10),
+    "wyoming-trickle": lambda s: _trickle(s.port),
     "wyoming-never-reads": lambda s: _never_reads(s.port, s),
     "wyoming-synthesis-silent": _synthesis_silent,
 }

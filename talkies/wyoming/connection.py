@@ -88,21 +88,20 @@ class Connection:
             if self._stopping() and self.asr.transcription is None and not self.tts.in_progress:
                 return
             # Nothing to wait for while the server owes audio; otherwise the client must
-            # send something within the idle timeout (a streaming synthesis waiting for its
-            # text included).
+            # send a whole event within the idle timeout (a streaming synthesis waiting for
+            # its text included). Bytes alone do not count: a header trickled a byte at a
+            # time would otherwise hold the connection for ever.
+            if self.tts.working:
+                last = anyio.current_time()
+            elif anyio.current_time() - last > idle:
+                await self.channel.error(f"no event was received for {idle:g} s", "idle_timeout")
+                return
             with anyio.move_on_after(1.0):
                 try:
                     data = await self.channel.stream.receive(_READ_SIZE)
                 except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
                     return
                 self.reader.feed(data)
-                last = anyio.current_time()
-                continue
-            if self.tts.working:
-                last = anyio.current_time()
-            elif anyio.current_time() - last > idle:
-                await self.channel.error(f"nothing was received for {idle:g} s", "idle_timeout")
-                return
 
     async def _handle(self, event: WireEvent) -> None:
         handler = self._handlers.get(event.type)
