@@ -83,6 +83,45 @@ async def _openai_sdk(host: HttpHost, pcm24k: bytes) -> tuple[list[str], list[An
     return completed, events
 
 
+async def _openai_sdk_beta(host: HttpHost, pcm24k: bytes) -> tuple[list[str], list[Any]]:
+    """The SDK's beta client (``client.beta.realtime``: ``OpenAI-Beta: realtime=v1``,
+    ``transcription_session.update``), as older code still uses it. It always dials
+    ``wss://`` from ``base_url``; ``websocket_base_url`` is its way to plain ``ws://``."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(
+        api_key=TOKEN,
+        base_url=f"http://127.0.0.1:{host.port}/v1",
+        websocket_base_url=f"ws://127.0.0.1:{host.port}/v1",
+    )
+    events: list[Any] = []
+    completed: list[str] = []
+    async with client.beta.realtime.connect(
+        model=DEFAULT_MODEL, extra_query={"intent": "transcription"}
+    ) as connection:
+        await connection.transcription_session.update(
+            session={
+                "input_audio_format": "pcm16",
+                "input_audio_transcription": {"model": DEFAULT_MODEL, "language": "en"},
+                "turn_detection": {"type": "server_vad"},
+            }
+        )
+        for i in range(0, len(pcm24k), CHUNK):
+            audio = base64.b64encode(pcm24k[i : i + CHUNK]).decode()
+            await connection.input_audio_buffer.append(audio=audio)
+        async with asyncio.timeout(120):
+            async for event in connection:
+                events.append(event)
+                if event.type == "conversation.item.input_audio_transcription.completed":
+                    completed.append(event.transcript)
+                    if normalize_words(" ".join(completed))[-1:] == ["meters"]:
+                        break
+                if event.type == "error":
+                    break
+    await client.close()
+    return completed, events
+
+
 async def _livekit(host: HttpHost, pcm24k: bytes) -> tuple[list[str], list[Any]]:
     """livekit-plugins-openai's realtime STT stream, headless: no LiveKit server, the plugin's
     own aiohttp session bound by ``http_context.open()``; the turns come from the server's
@@ -154,6 +193,17 @@ def test_the_same_words_through_native_and_the_openai_sdk(
         if event.type == "conversation.item.input_audio_transcription.completed":
             assert deltas.get(event.item_id, "") == event.transcript
             assert event.usage.type == "duration"
+
+
+def test_the_same_words_through_native_and_the_openai_sdk_beta_client(
+    host: HttpHost, record_property: Any
+) -> None:
+    events = _as_native(host, record_property, "openai_sdk_beta", _openai_sdk_beta)
+    kinds = [event.type for event in events]
+    # Greeted, answered and given its items in the beta dialect, parsed by the SDK's beta models.
+    assert kinds[:2] == ["transcription_session.created", "transcription_session.updated"]
+    assert "conversation.item.created" in kinds and "conversation.item.added" not in kinds
+    assert "session.created" not in kinds
 
 
 async def _openai_sdk_manual(host: HttpHost, pcm24k: bytes, turns: int) -> list[Any]:

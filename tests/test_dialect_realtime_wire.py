@@ -161,6 +161,28 @@ def test_beta_session_answers_in_beta(host: Host) -> None:
     assert events[-1]["transcript"] == "w1 w2"
 
 
+def test_a_client_that_asks_for_the_beta_is_greeted_in_beta(host: Host) -> None:
+    """OpenAI's SDKs send ``OpenAI-Beta: realtime=v1`` from their beta clients, browsers the
+    ``openai-beta.realtime-v1`` subprotocol; such a session begins
+    ``transcription_session.created`` with the beta's session object."""
+    beta = {**AUTH, "OpenAI-Beta": "realtime=v1"}
+    ws = ws_connect(host.url(), additional_headers=beta)
+    created = _recv(ws)
+    ws.close()
+    assert created["type"] == "transcription_session.created"
+    assert created["session"]["input_audio_format"] == "pcm16"
+    assert created["session"]["input_audio_transcription"]["model"] == "tiny-test"
+    assert "audio" not in created["session"]
+    offered = ["realtime", f"openai-insecure-api-key.{TOKEN}", "openai-beta.realtime-v1"]
+    ws = ws_connect(host.url(), subprotocols=offered)
+    assert ws.subprotocol == "realtime"
+    assert _recv(ws)["type"] == "transcription_session.created"
+    ws.close()
+    ws = ws_connect(host.url(), additional_headers={**AUTH, "OpenAI-Beta": "assistants=v2"})
+    assert _recv(ws)["type"] == "session.created"  # another beta is not the Realtime beta
+    ws.close()
+
+
 def test_refused_settings_and_an_empty_commit_are_error_events_not_closes(host: Host) -> None:
     ws = ws_connect(host.url(), additional_headers=AUTH)
     _recv(ws)

@@ -13,7 +13,9 @@ duration and idle limits, engine runtime, metrics and log line.
   logged); never the URL;
 - refusal: a query it will not serve, answered as an ``error`` event and the native close
   code before anything is read;
-- the channel (:class:`RealtimeChannel`): ``session.created`` first, then the client's
+- the channel (:class:`RealtimeChannel`): ``session.created`` first (the beta's
+  ``transcription_session.created`` when the client asked for the beta: ``OpenAI-Beta:
+  realtime=v1``), then the client's
   events through the translator. Once the translator gives the native ``start`` (the first
   session update or append), nothing more is read from the socket until the session's
   ``ready``, and the audio appended meanwhile is delivered then; the 24 kHz audio is
@@ -57,6 +59,7 @@ __all__ = [
 
 _SUBPROTOCOL = "realtime"
 _KEY_PROTOCOL = "openai-insecure-api-key."
+_BETA_PROTOCOL = "openai-beta.realtime-v1"
 _SECRET_PREFIX = "ek_"
 # OpenAI's bounds for expires_after.seconds, and its default.
 MIN_SECRET_SECONDS = 10
@@ -127,6 +130,15 @@ def _credential(
     return None, True
 
 
+def _asks_beta(headers: Iterable[tuple[bytes, bytes]], offered: list[str]) -> bool:
+    """Whether the client asked for the beta dialect: the ``OpenAI-Beta: realtime=v1`` header
+    its SDKs send, or the browsers' ``openai-beta.realtime-v1`` subprotocol."""
+    for name, value in headers:
+        if name.lower() == b"openai-beta":
+            return any(part.strip() == b"realtime=v1" for part in bytes(value).split(b","))
+    return _BETA_PROTOCOL in offered
+
+
 class RealtimeDialect:
     """One ``/v1/realtime`` handshake (see the module docstring)."""
 
@@ -153,6 +165,8 @@ class RealtimeDialect:
     ) -> tuple[bool, str | None]:
         offered = [p.strip() for p in subprotocols]
         selected = _SUBPROTOCOL if _SUBPROTOCOL in offered else None
+        headers = list(headers)
+        self.translator.beta = _asks_beta(headers, offered)
         credential, usable = _credential(headers, offered)
         if not usable:
             return token is None, selected

@@ -478,7 +478,10 @@ class RealtimeTranslator:
         self.opened = False  # the native start was given
         self.streaming = False  # the native ready was seen: audio may flow
         self.closed = False  # the native session's last event was seen
-        self.beta = False  # the client spoke the beta dialect (transcription_session.update)
+        # The client speaks the beta dialect: it said so at the upgrade (``OpenAI-Beta:
+        # realtime=v1``, which the app layer sets before ``connected``) or sent
+        # ``transcription_session.update``.
+        self.beta = False
         self._session_id = session_id
         self._suffix = session_id.removeprefix("sess_")
         self._max_event = max_event_bytes
@@ -507,11 +510,12 @@ class RealtimeTranslator:
     # -- client -> session -------------------------------------------------------------------
 
     def connected(self) -> None:
-        """The connection is open: ``session.created`` with the session's settings."""
+        """The connection is open: ``session.created`` with the session's settings (the beta's
+        ``transcription_session.created`` to a client that asked for the beta)."""
         self._emit(
             {
-                "type": "session.created",
-                "session": session_object(self.config, session_id=self._session_id, beta=False),
+                "type": "transcription_session.created" if self.beta else "session.created",
+                "session": session_object(self.config, session_id=self._session_id, beta=self.beta),
             }
         )
 
