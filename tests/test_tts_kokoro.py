@@ -24,6 +24,7 @@ from talkies.engines.base import EngineUnavailable
 from talkies.engines.kokoro import KOKORO_JA_FILES, MODEL_FILE, KokoroSpeechModel, load
 from talkies.engines.supply.wheels import WheelError, materialize
 from talkies.engines.tts import SpeechError, SpeechErrorKind, SpeechRequest
+from talkies.engines.tts.base import pcm16
 from talkies.engines.tts.voices import SAMPLE_VOICES, sample_voice
 
 from .modelgen_whisper import converted_base, normalize_words, word_errors
@@ -107,7 +108,7 @@ def test_model_files_are_pinned(kokoro_dir: Path) -> None:
 
 
 def test_voices(kokoro: KokoroSpeechModel) -> None:
-    assert kokoro.sample_rate == 24000 and not kokoro.streaming
+    assert kokoro.sample_rate == 24000 and kokoro.streaming
     assert kokoro.voices() == [
         "alloy",  # jf_alpha
         "echo",  # jm_kumo
@@ -132,7 +133,7 @@ async def test_english_is_heard_as_english(
     kokoro: KokoroSpeechModel, whisper: Any, voice: str, text: str
 ) -> None:
     chunks = await speak(kokoro, text=text, voice=voice)
-    assert len(chunks) == 1  # buffered: the whole utterance at once
+    assert len(chunks) == 1  # a sentence is one phoneme batch
     audio = samples(chunks[0])
     assert 1.5 < len(audio) / 24000 < 8.0
     heard = hear(whisper, audio)
@@ -193,6 +194,40 @@ async def test_close_before_reading_frees_the_model(kokoro: KokoroSpeechModel) -
     assert [chunk async for chunk in stream] == []
     assert len(await speak(kokoro, text="Still here.")) == 1
     assert not any(t.name.startswith("talkies-tts") for t in threading.enumerate())
+
+
+# Fourteen sentences: two of kokoro-onnx's phoneme batches (at most 510 phonemes each);
+# twenty-one, three.
+LONG = "The quick brown fox jumps over the lazy dog. " * 14
+
+
+async def test_a_long_text_streams_a_batch_at_a_time_as_kokoro_onnx_speaks_it(
+    kokoro: KokoroSpeechModel,
+) -> None:
+    """The stream's chunks, joined, are kokoro-onnx's ``create`` of the whole text, sample
+    for sample: the batches and the pauses between them are its own (this guards the
+    pinned version's ``_prepare``, which the engine uses)."""
+    chunks = await speak(kokoro, text=LONG, voice="jf_alpha")
+    whole, rate = kokoro._kokoro.create(LONG, voice="jf_alpha", lang="en-us")
+    assert rate == 24000 and len(chunks) == 2
+    assert b"".join(chunks) == pcm16(whole)
+
+
+async def test_a_reader_that_leaves_stops_the_synthesis_at_the_next_batch(
+    kokoro: KokoroSpeechModel,
+) -> None:
+    """A client that leaves after the first audio of a long text does not hold the model
+    for the rest of it (it did: Kokoro spoke the whole text in one call, about 5 s of CPU per
+    batch here, and the next request waited for all of it)."""
+    stream = await kokoro.synthesize(
+        SpeechRequest(text=LONG + LONG[: len(LONG) // 2], voice="echo")
+    )
+    first = await stream.__anext__()
+    with anyio.fail_after(60):
+        await stream.aclose()
+    assert stream.finished and not kokoro._lock.locked()
+    assert 0 < len(first) < 2 * 24000 * 30  # one batch (about 21 s), not the text's 63 s
+    assert stream.steps <= 2  # of three batches: the third was never begun
 
 
 def test_load_failures(tmp_path: Path, kokoro_dir: Path) -> None:

@@ -1,9 +1,14 @@
-"""Kokoro-82M on ``kokoro-onnx`` (onnxruntime): buffered synthesis through the same bridge.
+"""Kokoro-82M on ``kokoro-onnx`` (onnxruntime): synthesis through the same bridge.
 
-Kokoro makes a whole utterance per call, so a stream yields it as one chunk once it is done
-(``streaming`` is False). Text is phonemized with espeak-ng (bundled by ``espeakng-loader``)
-in the request's language, default ``en-us`` whatever the voice: a Japanese voice given
-English text speaks English, with an accent.
+Kokoro speaks a text in batches of at most 510 phonemes (kokoro-onnx splits the phonemes at
+sentence and clause ends), and a stream yields each batch as it is made: a long text's first
+audio comes after its first batch, and a reader that leaves stops the synthesis at the next
+batch rather than after the whole text. The batches are kokoro-onnx's own (its ``_prepare``;
+the version is pinned), each spoken by its public ``create`` with the pause kokoro-onnx puts
+between them, so the joined stream is ``create``'s audio of the whole text. Text is
+phonemized with espeak-ng (bundled by ``espeakng-loader``) in the request's language,
+default ``en-us`` whatever the voice: a Japanese voice given English text speaks English,
+with an accent.
 
 The model folder holds ``kokoro-v1.0.int8.onnx``, ``voices.npz`` (style vectors by voice name)
 and, optionally, ``vocab.json`` (the phoneme vocabulary; the model's own otherwise). The real
@@ -19,11 +24,12 @@ Options: ``threads`` (onnxruntime intra-op threads; 0, the default, lets it choo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +120,7 @@ LANGUAGES = {
     "pt-br": "pt-br",
 }
 SPEED_RANGE = (0.5, 2.0)  # what kokoro-onnx accepts
+SENTENCE_PAUSE, CLAUSE_PAUSE = 0.25, 0.1  # kokoro-onnx's own, between its batches
 _OPTION_KEYS = frozenset(
     {"threads", "language", "voice_aliases", "model_file", "voices_file", "vocab_file"}
 )
@@ -124,10 +131,10 @@ def _espeak_language(requested: str) -> str | None:
 
 
 class KokoroSpeechModel:
-    """A loaded Kokoro model: whole utterances, one synthesis at a time."""
+    """A loaded Kokoro model: one synthesis at a time, streamed a phoneme batch at a time."""
 
     sample_rate = SAMPLE_RATE
-    streaming = False
+    streaming = True
 
     def __init__(
         self,
@@ -182,7 +189,8 @@ class KokoroSpeechModel:
         self._resolve(request)
 
     async def synthesize(self, request: SpeechRequest, *, chunk_steps: int = 8) -> SpeechStream:
-        """The utterance as one chunk (``chunk_steps`` is for streaming models; unused)."""
+        """The utterance, a chunk per phoneme batch (``chunk_steps`` is for models that make
+        audio in steps; unused)."""
         if chunk_steps < 1:
             raise ValueError("chunk_steps must be at least 1")
         if self._closed:
@@ -192,24 +200,38 @@ class KokoroSpeechModel:
         return start_synthesis(job, lock=self._lock, max_chunks=1, name=self.name)
 
     def _run(self, text: str, voice: str, speed: float, language: str, emitter: Emitter) -> None:
-        emitter.step()
-        try:
-            audio, rate = self._kokoro.create(text, voice=voice, speed=speed, lang=language)
-        except ValueError as exc:
-            # kokoro-onnx's words for text that phonemizes to nothing it can speak.
-            if str(exc).startswith(("No phonemes", "Nothing to synthesize")):
-                raise SpeechError(
-                    SpeechErrorKind.INVALID_INPUT, "the input has nothing to speak", param="input"
-                ) from None
-            raise
-        if rate != SAMPLE_RATE:
-            raise RuntimeError(f"kokoro-onnx returned {rate} Hz audio, expected {SAMPLE_RATE}")
-        emitter.emit(pcm16(audio))
+        kokoro = self._kokoro
+        with _nothing_to_speak():
+            _, _, batches = kokoro._prepare(
+                text, voice, speed, language, False, SENTENCE_PAUSE, CLAUSE_PAUSE
+            )
+        for phonemes, pause in batches:
+            emitter.step()  # a reader that left stops the synthesis here
+            with _nothing_to_speak():
+                audio, rate = kokoro.create(
+                    phonemes, voice=voice, speed=speed, lang=language, is_phonemes=True
+                )
+            if rate != SAMPLE_RATE:
+                raise RuntimeError(f"kokoro-onnx returned {rate} Hz audio, expected {SAMPLE_RATE}")
+            emitter.emit(pcm16(audio) + bytes(2 * int(pause * SAMPLE_RATE)))
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             self._kokoro = None
+
+
+@contextlib.contextmanager
+def _nothing_to_speak() -> Iterator[None]:
+    """kokoro-onnx's words for text that phonemizes to nothing it can speak, as a refusal."""
+    try:
+        yield
+    except ValueError as exc:
+        if str(exc).startswith(("No phonemes", "Nothing to synthesize")):
+            raise SpeechError(
+                SpeechErrorKind.INVALID_INPUT, "the input has nothing to speak", param="input"
+            ) from None
+        raise
 
 
 def _file_option(options: Mapping[str, Any], key: str, default: str) -> str:
