@@ -218,6 +218,14 @@ def test_reading_clips(tmp_path: Path) -> None:
         ({"speed": 0.1}, SpeechErrorKind.INVALID_INPUT, "speed"),
         ({"speed": float("nan")}, SpeechErrorKind.INVALID_INPUT, "speed"),
         ({"speed": 3.0}, SpeechErrorKind.UNSUPPORTED, "speed"),
+        ({"text": "a\ud800b"}, SpeechErrorKind.INVALID_INPUT, "input"),
+        (
+            {"instructions": "x" * (MAX_INPUT_CHARS + 1)},
+            SpeechErrorKind.INVALID_INPUT,
+            "instructions",
+        ),
+        ({"instructions": "calm\x00"}, SpeechErrorKind.INVALID_INPUT, "instructions"),
+        ({"instructions": "calm\udfff"}, SpeechErrorKind.INVALID_INPUT, "instructions"),
     ],
 )
 def test_check_request(change: dict[str, object], kind: SpeechErrorKind, param: str) -> None:
@@ -232,6 +240,9 @@ def test_check_request_accepts() -> None:
     text = "x" * MAX_INPUT_CHARS
     check_request(SpeechRequest(text=text, voice="any"), speed_range=(1.0, 1.0))
     check_request(SpeechRequest(text="Hi", voice="a", speed=2.0), speed_range=(0.5, 2.0))
+    for instructions in ("", "Speak calmly, in a low voice. \u00e9\U0001f600"):
+        request = SpeechRequest(text="Hi", voice="a", instructions=instructions)
+        check_request(request, speed_range=(1.0, 1.0))
 
 
 def test_pcm16() -> None:

@@ -124,27 +124,14 @@ def check_request(
     speed_range: tuple[float, float],
     voices: Collection[str] | None = None,
 ) -> None:
-    """The checks every model makes: text length, speed range, and the voice name when the
-    model knows all its voices up front (``voices``)."""
+    """The checks every model makes: the text (and instructions) length and characters, the
+    speed range, and the voice name when the model knows all its voices up front
+    (``voices``)."""
     if not request.text.strip():
         raise SpeechError(SpeechErrorKind.INVALID_INPUT, "input is empty", param="input")
-    if len(request.text) > MAX_INPUT_CHARS:
-        raise SpeechError(
-            SpeechErrorKind.INVALID_INPUT,
-            f"input is {len(request.text)} characters; the limit is {MAX_INPUT_CHARS}",
-            param="input",
-        )
-    if "\x00" in request.text:
-        raise SpeechError(SpeechErrorKind.INVALID_INPUT, "input contains NUL", param="input")
-    if not request.text.isascii():
-        try:
-            request.text.encode("utf-8")
-        except UnicodeEncodeError:  # JSON can carry a lone surrogate ("\\ud800"); no model can
-            raise SpeechError(
-                SpeechErrorKind.INVALID_INPUT,
-                "input is not valid Unicode (a lone surrogate)",
-                param="input",
-            ) from None
+    _check_text(request.text, "input")
+    if request.instructions is not None:  # only some models use them; none may choke on them
+        _check_text(request.instructions, "instructions")
     if voices is not None and request.voice not in voices:
         raise SpeechError(
             SpeechErrorKind.UNKNOWN_VOICE, f"unknown voice {request.voice[:128]!r}", param="voice"
@@ -162,6 +149,27 @@ def check_request(
         else:
             message = f"this model's speed must be between {low:g} and {high:g}"
         raise SpeechError(SpeechErrorKind.UNSUPPORTED, message, param="speed")
+
+
+def _check_text(text: str, param: str) -> None:
+    """Text a model is given: at most :data:`MAX_INPUT_CHARS`, no NUL, valid Unicode."""
+    if len(text) > MAX_INPUT_CHARS:
+        raise SpeechError(
+            SpeechErrorKind.INVALID_INPUT,
+            f"{param} is {len(text)} characters; the limit is {MAX_INPUT_CHARS}",
+            param=param,
+        )
+    if "\x00" in text:
+        raise SpeechError(SpeechErrorKind.INVALID_INPUT, f"{param} contains NUL", param=param)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # JSON can carry a lone surrogate ("\\ud800"); no model can
+            raise SpeechError(
+                SpeechErrorKind.INVALID_INPUT,
+                f"{param} is not valid Unicode (a lone surrogate)",
+                param=param,
+            ) from None
 
 
 def str_map_option(options: Mapping[str, Any], key: str) -> dict[str, str] | None:
