@@ -386,8 +386,8 @@ def test_base64_decoding_holds_a_slice_not_the_audio() -> None:
 
 
 async def test_a_large_mcp_call_waits_for_a_turn_before_its_body_is_read(tmp_path: Path) -> None:
-    """Calls over LARGE_BODY (declared, or once read past it) take turns, as many as
-    TALKIES_FILE_MAX_CONCURRENCY; a small one never waits."""
+    """Calls over LARGE_BODY take turns once that much has arrived (a declared length alone
+    takes none), as many as TALKIES_FILE_MAX_CONCURRENCY; a small one never waits."""
     from contextlib import AsyncExitStack
 
     from talkies.app.files import FileStore
@@ -436,8 +436,25 @@ async def test_a_large_mcp_call_waits_for_a_turn_before_its_body_is_read(tmp_pat
             async with anyio.create_task_group() as group:  # a request is a task of its own
                 group.start_soon(another_call)
             assert waited == [True]  # it waited for the turn
-            # Declared: nothing read; chunked: read only up to LARGE_BODY (four 256 KiB chunks)
-            assert len(reads) == (0 if declared else 5)
+            # Read only past LARGE_BODY (five 256 KiB chunks), declared or not.
+            assert len(reads) == 5
     late, _ = request(2 * LARGE_BODY, declared=True)
     async with AsyncExitStack() as turn:  # the turn is free again
         assert sum(map(len, await endpoint._read(late, turn))) == 2 * LARGE_BODY
+
+    # A client that declares a large body and sends nothing holds no turn meanwhile.
+    async def stalled() -> bytes:
+        await anyio.sleep_forever()
+        return b""
+
+    silent = Request(
+        method="POST", path="/mcp", body=Body(stalled, limit=1 << 30, declared=2 * LARGE_BODY)
+    )
+    async with anyio.create_task_group() as group:
+        group.start_soon(endpoint._read, silent, AsyncExitStack())
+        await anyio.sleep(0.05)
+        after, _ = request(2 * LARGE_BODY, declared=True)
+        with anyio.fail_after(5):
+            async with AsyncExitStack() as turn:
+                assert sum(map(len, await endpoint._read(after, turn))) == 2 * LARGE_BODY
+        group.cancel_scope.cancel()

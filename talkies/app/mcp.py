@@ -164,17 +164,16 @@ class McpEndpoint:
         never joined here), under the app's cap and with its 413 rather than inside the SDK
         (a JSON-RPC message is parsed whole anyway).
 
-        A body over :data:`LARGE_BODY` bytes (declared, or read so far) first waits for a turn
+        A body once more than :data:`LARGE_BODY` bytes of it have arrived waits for a turn
         among the server's large calls, held in ``turn`` until the answer: the SDK holds about
         three copies of a body while its tool runs (its size check's buffer, starlette's body,
         the parsed JSON), so only ``TALKIES_FILE_MAX_CONCURRENCY`` such calls hold them at
-        once."""
+        once. A declared length alone takes no turn (it did: a client that declared 2 MiB and
+        sent nothing held one until the body timeout, and every other large call waited)."""
         body = request.body
         waited = False
         if body.declared is not None and body.declared > LARGE_BODY:
-            body.check_declared()  # a 413 needs no turn
-            await turn.enter_async_context(self._large_calls)
-            waited = True
+            body.check_declared()  # a 413 at once, before a byte is read
         parts: list[bytes] = []
         size = 0
         async for chunk in body.chunks():
