@@ -27,6 +27,7 @@ from talkies.protocol import (
     StartOptions,
     State,
     StreamSession,
+    TextReceived,
     Tick,
     Word,
 )
@@ -254,6 +255,23 @@ def test_deadline_follows_the_client_and_pauses_for_the_server() -> None:
     assert s.state is State.FLUSHING and s.deadline is None
     s.handle(Tick(), 99999.0)
     assert s.pull_actions() == [Flush()]
+
+
+def test_bytes_of_a_frame_not_yet_whole_are_not_activity() -> None:
+    """A transport that hands on a frame's data as it arrives marks it ``frame_end=False``:
+    a frame trickled a byte at a time does not move the idle deadline; its end does."""
+    s = session_in(State.STREAMING, now=0.0)
+    assert s.deadline == 30.0
+    for at in (5.0, 10.0, 29.0):
+        s.handle(BinaryReceived(data=b"\x00", final=False, frame_end=False), at)
+        assert s.deadline == 30.0
+    s.handle(BinaryReceived(data=b"\x00"), 29.5)  # the frame's end (the message's too)
+    assert s.deadline == 59.5
+    s.handle(TextReceived(data="{", final=False, frame_end=False), 40.0)  # text too
+    assert s.deadline == 59.5
+    s.pull_actions()
+    s.handle(Tick(), 59.5)
+    assert error_of(s.pull_actions()) == ("idle_timeout", 4408)
 
 
 def test_idle_timeout_fires_at_the_deadline() -> None:

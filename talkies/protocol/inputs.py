@@ -42,14 +42,19 @@ class TextReceived:
 
     data: str | bytes
     final: bool = True
+    # False: a piece of a WebSocket frame whose rest is still to come (a transport that hands
+    # on data as it arrives). Not activity: the idle timeout runs between frames, so a frame
+    # trickled a byte at a time does not hold the stream open.
+    frame_end: bool = True
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BinaryReceived:
-    """A binary message (one PCM frame) or one fragment of it."""
+    """A binary message (one PCM frame) or one fragment of it (``frame_end``: as above)."""
 
     data: bytes
     final: bool = True
+    frame_end: bool = True
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

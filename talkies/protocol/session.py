@@ -167,8 +167,9 @@ class StreamSession:
     def handle(self, event: Input, now: float) -> None:
         """Consume one input at time ``now`` (seconds on any monotonic clock)."""
         kind, payload = self._classify(event)
-        if isinstance(event, _CLIENT_INPUTS):
-            self._idle_since = now  # the idle timeout runs between client messages
+        if isinstance(event, _CLIENT_INPUTS) and getattr(event, "frame_end", True):
+            # The idle timeout runs between client messages and frames, not bytes of a frame.
+            self._idle_since = now
         self._now = now
         rule = rule_for(self.state, kind)
         try:

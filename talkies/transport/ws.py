@@ -137,13 +137,25 @@ class WsprotoChannel:
                         out.append(AudioBatch(frames=tuple(run)))
                         run = []
                     self._binary_open = not event.message_finished
-                    out.append(BinaryReceived(data=bytes(event.data), final=event.message_finished))
+                    out.append(
+                        BinaryReceived(
+                            data=bytes(event.data),
+                            final=event.message_finished,
+                            frame_end=event.frame_finished,
+                        )
+                    )
                     continue
                 if run:
                     out.append(AudioBatch(frames=tuple(run)))
                     run = []
                 if type(event) is TextMessage:  # a dialect's audio comes as text: inline too
-                    out.append(TextReceived(data=event.data, final=event.message_finished))
+                    out.append(
+                        TextReceived(
+                            data=event.data,
+                            final=event.message_finished,
+                            frame_end=event.frame_finished,
+                        )
+                    )
                     continue
                 message = await self._on_event(event)
                 if message is not None:
@@ -168,9 +180,13 @@ class WsprotoChannel:
 
     async def _on_event(self, event: Event) -> TextReceived | BinaryReceived | None:
         if isinstance(event, TextMessage):
-            return TextReceived(data=event.data, final=event.message_finished)
+            return TextReceived(
+                data=event.data, final=event.message_finished, frame_end=event.frame_finished
+            )
         if isinstance(event, BytesMessage):
-            return BinaryReceived(data=bytes(event.data), final=event.message_finished)
+            return BinaryReceived(
+                data=bytes(event.data), final=event.message_finished, frame_end=event.frame_finished
+            )
         if isinstance(event, Ping):
             # Answered at once, whatever the decoder is doing.
             await self._send_event(event.response())

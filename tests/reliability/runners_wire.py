@@ -350,6 +350,33 @@ def ws_start_trickle(target: Target) -> Facts:
     return {"close": [got.outcome() if got.close is not None else (0, "open")], "closed_s": seconds}
 
 
+@runner("ws-frame-trickle", "in-process")
+def ws_frame_trickle(target: Target) -> Facts:
+    """After ready, the head of a 65,536-byte binary frame, then one byte of it every 0.5 s
+    (the idle timeout is 2 s here): bytes of a frame are not activity."""
+    with server(target.tmp, stream_idle_timeout=2.0) as running:
+        sock, reader = _ready_socket(running.port)
+        whole = frame(2, bytes(65536))
+        sent = 14  # the head: 2 bytes, the 64-bit length, the mask
+        started = time.monotonic()
+        with suppress(OSError):
+            sock.sendall(whole[:sent])
+            while time.monotonic() - started < 15 and reader.got.close is None:
+                if not select.select([sock], [], [], 0.5)[0]:
+                    sock.sendall(whole[sent : sent + 1])
+                    sent += 1
+                    continue
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                reader.buf += chunk
+                reader.pump(until_close=False)
+        seconds = time.monotonic() - started
+        got = reader.got if reader.got.close is not None else reader.pump(timeout=5)
+        sock.close()
+    return {"close": [got.outcome() if got.close is not None else (0, "open")], "closed_s": seconds}
+
+
 # -- pings ----------------------------------------------------------------------------------
 
 
