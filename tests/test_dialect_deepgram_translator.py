@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from fuzz._listen import ListenPair, check_message
@@ -230,6 +230,56 @@ def test_finalize_anywhere_sends_every_word_final_exactly_once(
     assert not any(m["speech_final"] for m in finalized)
     if ending == "final":
         assert pair.messages[-1]["type"] == "Metadata" and pair.close_code == 1000
+
+
+# -- each final's window holds its own words ---------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(utterances(), min_size=1, max_size=4), st.floats(0.0, 1.5), st.data())
+def test_every_final_window_holds_its_words_and_the_windows_follow_each_other(
+    groups: list[list[Word]], late: float, data: st.DataObject
+) -> None:
+    """The engine decides an utterance ended a pause after its last word; with a short pause
+    the next utterance has begun by then (its endpoint's ``audio_seconds`` is past the next
+    one's first word). Every final's window still holds all of its words, and each window
+    starts where the one before ended (the passage at 0.6 s pauses had the next utterance's
+    first word up to 0.7 s before its window)."""
+    pair = ListenPair(OPTIONS)
+    pair.engine(EngineOpened())
+    frame = b"\x00\x00" * 320  # 20 ms
+    offset, fed = 0.0, 0
+    utterances_ = []
+    for group in groups:  # one time line: each utterance after the one before
+        shifted = [
+            Word(word=w.word, start=round(w.start + offset, 3), end=round(w.end + offset, 3))
+            for w in group
+        ]
+        utterances_.append(shifted)
+        offset = shifted[-1].end + data.draw(st.floats(0.05, 1.0))
+    assume(offset + late < 25)  # within the session's duration limit (30 s)
+    for i, words in enumerate(utterances_):
+        # Audio up to a little past this utterance's last word, or into the next one's.
+        until = words[-1].end + late
+        while fed * 0.02 < until:
+            pair.client([AudioBatch(frames=(frame,))])
+            fed += 1
+        text = " ".join(w.word for w in words)
+        pair.engine(EnginePartial(text=text, words=tuple(words)))
+        if i == len(utterances_) - 1:
+            pair.client([TextReceived(data='{"type":"CloseStream"}')])
+            pair.engine(EngineFinal(text=text, words=tuple(words)))
+        else:
+            pair.engine(EngineEndpoint(text=text, words=tuple(words)))
+    finals = [m for m in pair.messages if m["type"] == "Results" and m["is_final"]]
+    assert [w["word"] for w in pair.finals()] == [w.word for u in utterances_ for w in u]
+    end = 0.0
+    for result in finals:
+        start, duration = result["start"], result["duration"]
+        assert start == pytest.approx(end, abs=1e-3)
+        end = start + duration
+        for word in result["channel"]["alternatives"][0]["words"]:
+            assert start - 1e-3 <= word["start"] and word["end"] <= end + 1e-3, (result, word)
 
 
 # -- every message parses with the Deepgram SDK's own models ----------------------------------

@@ -255,6 +255,31 @@ def test_a_clear_drops_the_words_heard_so_far_from_the_item() -> None:
     assert completed == joined == "c"
 
 
+def test_an_item_stops_where_its_speech_ends_not_where_the_engine_said_so() -> None:
+    """The engine's endpoint comes a pause after the last word; with a short pause the next
+    item's speech has begun by then. ``speech_stopped`` gives the item's last word's end, so
+    that it comes before the next ``speech_started`` (it gave the endpoint's time: 1000 ms
+    here, after the next item's start at 600 ms)."""
+    pair = _streaming()
+    for _ in range(16):  # a second of audio, as the session counts it (16 kHz)
+        pair.client([_append(bytes(2000))])
+    text, words = _words(["a", "b"])  # 0-0.4 s
+    pair.engine(EnginePartial(text=text, words=words))
+    pair.engine(EngineEndpoint(text=text, words=words))  # audio_seconds 1.0
+    text, words = _words(["c"], 0.6)
+    pair.engine(EnginePartial(text=text, words=words))
+    stopped = [e for e in pair.events if e["type"] == "input_audio_buffer.speech_stopped"]
+    started = [e for e in pair.events if e["type"] == "input_audio_buffer.speech_started"]
+    assert [e["audio_end_ms"] for e in stopped] == [400]
+    assert [e["audio_start_ms"] for e in started] == [0, 600]
+    completed = [
+        e
+        for e in pair.events
+        if e["type"] == "conversation.item.input_audio_transcription.completed"
+    ]
+    assert completed[0]["usage"]["seconds"] == 0.4
+
+
 def test_an_endpoint_without_words_makes_no_item() -> None:
     pair = _streaming()
     pair.engine(EngineEndpoint(text="", words=()))

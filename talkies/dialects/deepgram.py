@@ -459,6 +459,11 @@ class ListenTranslator:
             return
         finalize = event.get("cut") is True  # the answer to a Finalize
         speech_final = not finalize and (kind == "final" or options.endpointing)
+        if kind != "final" and words:
+            # The engine decides an utterance has ended a pause after its last word, and by
+            # then the next one may have begun (a short pause): its window ends with its
+            # speech, so that the next result's window holds all of its own words.
+            end = words[-1].end
         self._results(
             text, words, is_final=True, speech_final=speech_final, end=end, from_finalize=finalize
         )

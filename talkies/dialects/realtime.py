@@ -901,7 +901,9 @@ class RealtimeTranslator:
         # buffer for a commit. Without word times, all of it is the item's.
         spoken = words[-1].end if words else end
         self._buffer_from = max(self._buffer_from, min(self._total, 2 * round(spoken * INPUT_RATE)))
-        self._finish(item, sent + rest, rest, end)
+        # speech_stopped says so too: the engine's endpoint comes a pause later, when the next
+        # item's speech may have begun (its audio_start_ms is then before that endpoint).
+        self._finish(item, sent + rest, rest, spoken)
         return True
 
     def _finish(self, item: str, transcript: str, delta: str, end: float) -> None:
