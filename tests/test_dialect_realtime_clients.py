@@ -57,28 +57,35 @@ def _session(turn_detection: dict[str, str] | None) -> dict[str, Any]:
     return {"type": "transcription", "audio": {"input": inputs}}
 
 
+async def _append_and_collect(connection: Any, pcm24k: bytes) -> tuple[list[str], list[Any]]:
+    """The recording appended in 0.1 s appends through an SDK connection (GA or beta), then
+    its events until the completed items end with the recording's last word."""
+    events: list[Any] = []
+    completed: list[str] = []
+    for i in range(0, len(pcm24k), CHUNK):
+        audio = base64.b64encode(pcm24k[i : i + CHUNK]).decode()
+        await connection.input_audio_buffer.append(audio=audio)
+    async with asyncio.timeout(120):
+        async for event in connection:
+            events.append(event)
+            if event.type == "conversation.item.input_audio_transcription.completed":
+                completed.append(event.transcript)
+                if normalize_words(" ".join(completed))[-1:] == ["meters"]:
+                    break
+            if event.type == "error":
+                break
+    return completed, events
+
+
 async def _openai_sdk(host: HttpHost, pcm24k: bytes) -> tuple[list[str], list[Any]]:
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(api_key=TOKEN, base_url=f"http://127.0.0.1:{host.port}/v1")
-    events: list[Any] = []
-    completed: list[str] = []
     async with client.realtime.connect(
         model=DEFAULT_MODEL, extra_query={"intent": "transcription"}
     ) as connection:
         await connection.session.update(session=_session({"type": "server_vad"}))
-        for i in range(0, len(pcm24k), CHUNK):
-            audio = base64.b64encode(pcm24k[i : i + CHUNK]).decode()
-            await connection.input_audio_buffer.append(audio=audio)
-        async with asyncio.timeout(120):
-            async for event in connection:
-                events.append(event)
-                if event.type == "conversation.item.input_audio_transcription.completed":
-                    completed.append(event.transcript)
-                    if normalize_words(" ".join(completed))[-1:] == ["meters"]:
-                        break
-                if event.type == "error":
-                    break
+        completed, events = await _append_and_collect(connection, pcm24k)
     await client.close()
     return completed, events
 
@@ -94,8 +101,6 @@ async def _openai_sdk_beta(host: HttpHost, pcm24k: bytes) -> tuple[list[str], li
         base_url=f"http://127.0.0.1:{host.port}/v1",
         websocket_base_url=f"ws://127.0.0.1:{host.port}/v1",
     )
-    events: list[Any] = []
-    completed: list[str] = []
     async with client.beta.realtime.connect(
         model=DEFAULT_MODEL, extra_query={"intent": "transcription"}
     ) as connection:
@@ -106,18 +111,7 @@ async def _openai_sdk_beta(host: HttpHost, pcm24k: bytes) -> tuple[list[str], li
                 "turn_detection": {"type": "server_vad"},
             }
         )
-        for i in range(0, len(pcm24k), CHUNK):
-            audio = base64.b64encode(pcm24k[i : i + CHUNK]).decode()
-            await connection.input_audio_buffer.append(audio=audio)
-        async with asyncio.timeout(120):
-            async for event in connection:
-                events.append(event)
-                if event.type == "conversation.item.input_audio_transcription.completed":
-                    completed.append(event.transcript)
-                    if normalize_words(" ".join(completed))[-1:] == ["meters"]:
-                        break
-                if event.type == "error":
-                    break
+        completed, events = await _append_and_collect(connection, pcm24k)
     await client.close()
     return completed, events
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 
 import httpx
@@ -323,21 +324,18 @@ def ws_no_start(target: Target) -> Facts:
     return {"close": outcomes, "closed_s": max(seconds), "accepted": served}
 
 
-@runner("ws-start-trickle", "both")
-def ws_start_trickle(target: Target) -> Facts:
-    """A start that never ends: a text frame without FIN, then a one-byte continuation every
-    0.5 s (each one moves the idle deadline; the start deadline stays)."""
-    port, auth, _ = _port_and_auth(target)
-    sock, response, rest = upgrade(port, headers=auth)
-    assert response.startswith(b"HTTP/1.1 101"), response
+def _trickle(
+    sock: socket.socket, reader: FrameReader, first: bytes, then: Iterator[bytes]
+) -> Facts:
+    """Send ``first``, then the next of ``then`` whenever 0.5 s pass with nothing to read,
+    until the close frame or EOF (a host's own ping is read and passed over) or 15 s: how the
+    connection ended, and when."""
     started = time.monotonic()
-    reader = FrameReader(sock, rest)
     with suppress(OSError):
-        sock.sendall(frame(1, b'{"type":', fin=False))
-        # Until the close frame or EOF (a host's own ping is read and passed over).
+        sock.sendall(first)
         while time.monotonic() - started < 15 and reader.got.close is None:
             if not select.select([sock], [], [], 0.5)[0]:
-                sock.sendall(frame(0, b" ", fin=False))
+                sock.sendall(next(then))
                 continue
             chunk = sock.recv(65536)
             if not chunk:
@@ -350,6 +348,19 @@ def ws_start_trickle(target: Target) -> Facts:
     return {"close": [got.outcome() if got.close is not None else (0, "open")], "closed_s": seconds}
 
 
+@runner("ws-start-trickle", "both")
+def ws_start_trickle(target: Target) -> Facts:
+    """A start that never ends: a text frame without FIN, then a one-byte continuation every
+    0.5 s (each one moves the idle deadline; the start deadline stays)."""
+    port, auth, _ = _port_and_auth(target)
+    sock, response, rest = upgrade(port, headers=auth)
+    assert response.startswith(b"HTTP/1.1 101"), response
+    continuation = frame(0, b" ", fin=False)
+    return _trickle(
+        sock, FrameReader(sock, rest), frame(1, b'{"type":', fin=False), repeat(continuation)
+    )
+
+
 @runner("ws-frame-trickle", "in-process")
 def ws_frame_trickle(target: Target) -> Facts:
     """After ready, the head of a 65,536-byte binary frame, then one byte of it every 0.5 s
@@ -357,24 +368,9 @@ def ws_frame_trickle(target: Target) -> Facts:
     with server(target.tmp, stream_idle_timeout=2.0) as running:
         sock, reader = _ready_socket(running.port)
         whole = frame(2, bytes(65536))
-        sent = 14  # the head: 2 bytes, the 64-bit length, the mask
-        started = time.monotonic()
-        with suppress(OSError):
-            sock.sendall(whole[:sent])
-            while time.monotonic() - started < 15 and reader.got.close is None:
-                if not select.select([sock], [], [], 0.5)[0]:
-                    sock.sendall(whole[sent : sent + 1])
-                    sent += 1
-                    continue
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                reader.buf += chunk
-                reader.pump(until_close=False)
-        seconds = time.monotonic() - started
-        got = reader.got if reader.got.close is not None else reader.pump(timeout=5)
-        sock.close()
-    return {"close": [got.outcome() if got.close is not None else (0, "open")], "closed_s": seconds}
+        head = 14  # 2 bytes, the 64-bit length, the mask
+        one_by_one = (whole[i : i + 1] for i in range(head, len(whole)))
+        return _trickle(sock, reader, whole[:head], one_by_one)
 
 
 # -- pings ----------------------------------------------------------------------------------
