@@ -14,8 +14,11 @@ import asyncio
 import json
 from typing import Any
 
+import numpy as np
 import pytest
+import soxr  # type: ignore[import-untyped]
 
+from talkies.app.g711 import DECODERS
 from talkies.engines.supply.builtin import DEFAULT_MODEL
 
 from .http_hosts import TOKEN, HttpHost
@@ -42,7 +45,9 @@ def _native(host: HttpHost, pcm: bytes) -> str:
     return " ".join(e["text"] for e in events if e["type"] in ("endpoint", "final"))
 
 
-async def _deepgram_sdk(host: HttpHost, pcm: bytes) -> tuple[str, list[Any]]:
+async def _deepgram_sdk(
+    host: HttpHost, pcm: bytes, encoding: str = "linear16", rate: int = 16000
+) -> tuple[str, list[Any]]:
     from deepgram import AsyncDeepgramClient
     from deepgram.environment import DeepgramClientEnvironment
 
@@ -54,8 +59,8 @@ async def _deepgram_sdk(host: HttpHost, pcm: bytes) -> tuple[str, list[Any]]:
     messages: list[Any] = []
     async with client.listen.v1.connect(
         model=DEFAULT_MODEL,
-        encoding="linear16",
-        sample_rate=16000,
+        encoding=encoding,
+        sample_rate=rate,
         channels=1,
         interim_results=True,
         punctuate=True,
@@ -138,3 +143,29 @@ def test_the_same_words_through_native_and_deepgram_clients(
     last = [m for m in messages if type(m).__name__ == "ListenV1Results"][-1]
     words = last.channel.alternatives[0].words
     assert all(w.start <= w.end for w in words)
+
+
+def _g711(pcm16k: bytes, encoding: str) -> bytes:
+    """The recording as telephone audio: 8 kHz, each sample coded as the G.711 byte whose
+    value is nearest (the decoder's table, searched; an encoder of its own would only
+    round the same way)."""
+    samples = soxr.resample(np.frombuffer(pcm16k, dtype="<i2"), 16000, 8000, quality="HQ")
+    table = DECODERS[encoding].astype(np.int32)
+    order = np.argsort(table)
+    ranked = table[order]
+    at = np.clip(np.searchsorted(ranked, samples), 1, len(ranked) - 1)
+    nearer = np.where(samples - ranked[at - 1] <= ranked[at] - samples, at - 1, at)
+    return order[nearer].astype(np.uint8).tobytes()
+
+
+@pytest.mark.parametrize("encoding", ["mulaw", "alaw"])
+def test_telephone_audio_through_the_deepgram_sdk(
+    host: HttpHost, encoding: str, record_property: Any
+) -> None:
+    """G.711 at 8 kHz (what Twilio's media streams carry) with ``encoding=mulaw`` or
+    ``alaw``: decoded and resampled as it arrives, it gives the recording's words."""
+    telephone = _g711(RECORDING.read_bytes(), encoding)
+    sdk, messages = asyncio.run(_deepgram_sdk(host, telephone, encoding, 8000))
+    record_property(f"deepgram_sdk_{encoding}", sdk)
+    assert normalize_words(sdk) == EXPECTED, sdk
+    assert type(messages[-1]).__name__ == "ListenV1Metadata"

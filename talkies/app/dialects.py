@@ -29,6 +29,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import anyio
 import numpy as np
+import numpy.typing as npt
 import soxr  # type: ignore[import-untyped]
 
 from ..config import Settings
@@ -49,6 +50,7 @@ from ..protocol import (
     SessionLimits,
 )
 from .driver import Channel, ClientMessage, DirectChannel
+from .g711 import DECODERS
 from .http import bearer_ok
 
 __all__ = ["LISTEN_SCHEMES", "ListenChannel", "ListenDialect", "PcmResampler", "listen_admission"]
@@ -111,16 +113,20 @@ class ListenDialect:
         return None if problem is None else Refused(code=problem.code, detail=problem.detail)
 
     def wrap(self, channel: Channel) -> Channel:
-        rate = self.translator.options.sample_rate
+        options = self.translator.options
+        rate, encoding = options.sample_rate, options.encoding
         max_frame = self._settings.stream_max_frame_bytes
-        resampler = None if rate == SAMPLE_RATE else PcmResampler(rate, max_frame)
+        resampler = None
+        if rate != SAMPLE_RATE or encoding != "linear16":
+            resampler = PcmResampler(rate, max_frame, decoder=DECODERS.get(encoding))
         if isinstance(channel, DirectChannel):
             return DirectListenChannel(channel, self.translator, resampler)
         return ListenChannel(channel, self.translator, resampler)
 
 
 class PcmResampler:
-    """A client's PCM16 mono at ``rate`` as 16 kHz frames for the session, streaming.
+    """A client's PCM16 mono at ``rate`` (or G.711, decoded by ``decoder``'s table first) as
+    16 kHz frames for the session, streaming.
 
     soxr's HQ resampler (libsoxr, the maintained library Talkies already uses for Piper's and
     Wyoming's audio; its quality is measured in tests/test_dialect_deepgram_resample.py),
@@ -141,8 +147,11 @@ class PcmResampler:
     # int16 as the wire has it (little-endian): then no conversion either way.
     _NATIVE = np.dtype(np.int16) == np.dtype("<i2")
 
-    def __init__(self, rate: int, max_frame_bytes: int) -> None:
+    def __init__(
+        self, rate: int, max_frame_bytes: int, *, decoder: npt.NDArray[np.int16] | None = None
+    ) -> None:
         self._rate = rate
+        self._decoder = decoder  # G.711: each byte's sample (talkies.app.g711)
         self._max = max_frame_bytes
         self._step = max_frame_bytes & ~1
         self._parts = bytearray()
@@ -196,7 +205,12 @@ class PcmResampler:
         return self._split(self._process(np.zeros((0, 1), dtype=np.int16), True))
 
     def _frame(self, pcm: bytes) -> list[bytes]:
-        if not pcm or len(pcm) & 1 or len(pcm) > self._max:
+        if not pcm or len(pcm) > self._max:
+            return [pcm]
+        if self._decoder is not None:  # G.711: a byte is a sample
+            samples = self._decoder[np.frombuffer(pcm, dtype=np.uint8)]
+            return self._split(self._process(samples.reshape(-1, 1), False))
+        if len(pcm) & 1:
             return [pcm]
         if self._NATIVE:
             samples = np.frombuffer(pcm, dtype=np.int16)

@@ -42,6 +42,7 @@ from ..protocol import (
 from .common import DUMPS, ClientInput, native_start, quote
 
 __all__ = [
+    "ENCODINGS",
     "END",
     "LISTEN_PATH",
     "MAX_SAMPLE_RATE",
@@ -54,8 +55,9 @@ __all__ = [
 ]
 
 LISTEN_PATH = "/v1/listen"
-# The client's audio rates served (Deepgram's own range); the app layer resamples what is not
-# 16 kHz before the translator sees it.
+ENCODINGS = ("linear16", "mulaw", "alaw")  # raw audio only: no containers
+# The client's audio rates served (Deepgram's own range); the app layer decodes and resamples
+# what is not 16 kHz PCM before the translator sees it.
 MIN_SAMPLE_RATE = 8000
 MAX_SAMPLE_RATE = 48000
 # The native end that CloseStream becomes (one object: the app flushes its resampler before it).
@@ -116,7 +118,10 @@ class ListenOptions:
 
     model: str
     language: str | None = None
-    sample_rate: int = 16000  # of the client's audio; the app resamples it to 16 kHz
+    # The client's audio: 16-bit PCM or G.711 (mulaw, alaw) at ``sample_rate``; the app
+    # decodes and resamples it to 16 kHz PCM.
+    encoding: str = "linear16"
+    sample_rate: int = 16000
     interim_results: bool = False
     endpointing: bool = True  # False: no speech_final at the engine's endpoints
     utterance_end_ms: int | None = None
@@ -192,12 +197,14 @@ def parse_listen_query(query: bytes | str, *, default_model: str) -> ListenOptio
             ErrorCode.UNSUPPORTED_ENCODING,
             "containerized audio is not supported: send raw PCM with encoding=linear16",
         )
-    if encoding.strip().lower() != "linear16":
+    encoding = encoding.strip().lower()
+    if encoding not in ENCODINGS:
         raise ListenError(
             ErrorCode.UNSUPPORTED_ENCODING,
-            f"encoding {quote(encoding)} is not supported: only linear16",
+            f"encoding {quote(encoding)} is not supported: linear16, mulaw or alaw",
         )
-    sample_rate = 16000
+    # Telephone audio is 8 kHz unless the client says otherwise (Deepgram asks for it).
+    sample_rate = 16000 if encoding == "linear16" else 8000
     if "sample_rate" in values:
         sample_rate = _integer("sample_rate", values["sample_rate"], 1, 10**6)
         if not MIN_SAMPLE_RATE <= sample_rate <= MAX_SAMPLE_RATE:
@@ -223,6 +230,7 @@ def parse_listen_query(query: bytes | str, *, default_model: str) -> ListenOptio
     return ListenOptions(
         model=model,
         language=language,
+        encoding=encoding,
         sample_rate=sample_rate,
         interim_results=_flag("interim_results", values.get("interim_results", "false")),
         endpointing=endpointing,
