@@ -300,7 +300,6 @@ class ListenTranslator:
         self._model_info = {"name": options.model, "version": "talkies", "arch": "talkies"}
         self._out: list[str] = []
         self._text: bytearray | None = None  # fragments of a text message
-        self._audio_bytes = 0  # audio passed on to the session
         self._audio_hash = hashlib.sha256()  # of that audio: Metadata's sha256
         self._segment_start = 0.0  # where the current (not yet final) results begin
         self._speaking = False  # SpeechStarted was sent for the open utterance
@@ -328,7 +327,6 @@ class ListenTranslator:
                     out.extend(self._close_stream())
                     continue
                 for frame in item.frames:
-                    self._audio_bytes += len(frame)
                     self._audio_hash.update(frame)
                 out.append(item)
             elif isinstance(item, BinaryReceived):
@@ -341,7 +339,6 @@ class ListenTranslator:
                     # Not possible on a real WebSocket; the session answers invalid_message.
                     out.append(TextReceived(data=bytes(self._text), final=False))
                     self._text = None
-                self._audio_bytes += len(item.data)
                 self._audio_hash.update(item.data)
                 out.append(item)
             elif isinstance(item, TextReceived):

@@ -178,15 +178,8 @@ class WsprotoChannel:
             out.append(PeerGone())
         return out
 
-    async def _on_event(self, event: Event) -> TextReceived | BinaryReceived | None:
-        if isinstance(event, TextMessage):
-            return TextReceived(
-                data=event.data, final=event.message_finished, frame_end=event.frame_finished
-            )
-        if isinstance(event, BytesMessage):
-            return BinaryReceived(
-                data=bytes(event.data), final=event.message_finished, frame_end=event.frame_finished
-            )
+    async def _on_event(self, event: Event) -> TextReceived | None:
+        """Every event but data (which :meth:`receive` handles inline): pings, closes."""
         if isinstance(event, Ping):
             # Answered at once, whatever the decoder is doing.
             await self._send_event(event.response())
