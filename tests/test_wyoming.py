@@ -559,21 +559,46 @@ def _synthesis_silent(served: Served) -> dict[str, Any]:
 
 def _trickle(port: int) -> dict[str, Any]:
     """A header line sent a byte every 0.5 s that never ends (within the 64 KiB line cap)."""
+    return _every_half_second(port, [bytes([b]) for b in b'{"type": "transcribe"' + b" " * 1000])
+
+
+def _pings(served: Served) -> dict[str, Any]:
+    """A transcription opened (its slot taken), then only pings, a describe and an unknown
+    event, one every 0.5 s, never audio."""
+    start = _header("audio-start", data={"rate": 16000, "width": 2, "channels": 1})
+    others = [_header("ping", data={"text": str(i)}) for i in range(80)]
+    others[3] = _header("describe")
+    others[5] = _header("x-keepalive")
+    facts = _every_half_second(served.port, [start, *others])
+    in_use = _scrape(served.http_port)
+    facts["slots_freed"] = not any(
+        v for k, v in in_use.items() if k.startswith("talkies_model_slots_in_use")
+    )
+    return facts
+
+
+def _every_half_second(port: int, pieces: list[bytes]) -> dict[str, Any]:
+    """Send a piece every 0.5 s (whatever comes back meanwhile) until the server closes or
+    the pieces or IDLE + 20 s run out; the errors it sent and when it closed."""
     started = time.monotonic()
     got = b""
     closed = False
-    with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-        data = iter(b'{"type": "transcribe"' + b" " * 1000)
-        while time.monotonic() - started < IDLE + 20 and not closed:
-            try:
-                sock.sendall(bytes([next(data)]))
-                chunk = sock.recv(65536)
-            except TimeoutError:
-                continue
-            except OSError:
-                chunk = b""
-            got += chunk
-            closed = not chunk
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        for at, piece in enumerate(pieces):
+            if closed or time.monotonic() - started > IDLE + 20:
+                break
+            with contextlib.suppress(OSError):
+                sock.sendall(piece)
+            while not closed and (left := started + 0.5 * (at + 1) - time.monotonic()) > 0:
+                sock.settimeout(left)
+                try:
+                    chunk = sock.recv(65536)
+                except TimeoutError:
+                    break
+                except OSError:
+                    chunk = b""
+                got += chunk
+                closed = not chunk
     facts: dict[str, Any] = {"refused": []}
     stream = io.BytesIO(got)
     while (event := read_event(stream)) is not None:
@@ -607,6 +632,7 @@ RUNNERS: dict[str, Callable[[Served], dict[str, Any]]] = {
     "wyoming-unknown-event": lambda s: _unknown_then_describe(s.port),
     "wyoming-silent": lambda s: _refused(s.port, _header("transcribe"), wait=IDLE + 10),
     "wyoming-trickle": lambda s: _trickle(s.port),
+    "wyoming-pings": _pings,
     "wyoming-never-reads": lambda s: _never_reads(s.port, s),
     "wyoming-synthesis-silent": _synthesis_silent,
 }

@@ -29,6 +29,21 @@ log = logging.getLogger("talkies.wyoming")
 _READ_SIZE = 65536
 
 
+# The events that carry a transcription's or a synthesis' work (its audio, its text).
+_WORK_EVENTS = frozenset(
+    {
+        "transcribe",
+        "audio-start",
+        "audio-chunk",
+        "audio-stop",
+        "synthesize",
+        "synthesize-start",
+        "synthesize-chunk",
+        "synthesize-stop",
+    }
+)
+
+
 class Connection:
     """Serve one client until it leaves, breaks the protocol or the server stops."""
 
@@ -82,7 +97,8 @@ class Connection:
                 await self.channel.error(str(exc), "invalid_message")
                 return
             if event is not None:
-                last = anyio.current_time()
+                if self._counts(event):
+                    last = anyio.current_time()
                 await self._handle(event)
                 continue
             if self._stopping() and self.asr.transcription is None and not self.tts.in_progress:
@@ -102,6 +118,15 @@ class Connection:
                 except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
                     return
                 self.reader.feed(data)
+
+    def _counts(self, event: WireEvent) -> bool:
+        """Whether an event is activity for the idle deadline. With a transcription or a
+        streaming synthesis open (a slot held), only that work's events are: a client that
+        opened one and then sent only ``ping``, ``describe`` or unknown events would
+        otherwise hold the model's slot for as long as it kept them up."""
+        if self.asr.transcription is None and not self.tts.in_progress:
+            return True
+        return event.type in _WORK_EVENTS
 
     async def _handle(self, event: WireEvent) -> None:
         handler = self._handlers.get(event.type)
