@@ -101,8 +101,8 @@ def _start(data_dir: Path, *extra: str, **env: str) -> Served:
         TALKIES_DATA_DIR=str(data_dir),
         TALKIES_DECODE_TIMEOUT="600",  # a shared 2-core machine; the tests check words
         TALKIES_STREAM_IDLE_TIMEOUT=str(IDLE),
-        **env,
     )
+    environ.update(env)
     proc = subprocess.Popen(
         [sys.executable, "-m", "talkies", "serve", "--port", "0", *extra],
         env=environ,
@@ -281,9 +281,11 @@ def test_transcribe_refusals_are_error_events_and_the_connection_goes_on(server:
                 Transcribe(name="no-such-model").event(),
                 Transcribe(name="piper-en-us-joe").event(),
                 Transcribe(language="not a language").event(),
+                AudioStop().event(),
                 AudioStart(rate=16000, width=3, channels=1).event(),
                 AudioStart(rate=16000, width=2, channels=99).event(),
-                AudioStop().event(),
+                # (an audio-stop now ends the refused audio quietly: see
+                # test_a_refused_audio_start_drops_its_audio_until_audio_stop)
                 SynthesizeChunk(text="x").event(),
                 Describe().event(),
             ):
@@ -563,13 +565,25 @@ def _trickle(port: int) -> dict[str, Any]:
 
 
 def _pings(served: Served) -> dict[str, Any]:
-    """A transcription opened (its slot taken), then only pings, a describe and an unknown
-    event, one every 0.5 s, never audio."""
-    start = _header("audio-start", data={"rate": 16000, "width": 2, "channels": 1})
+    """A transcription opened (its slot taken), then, one every 0.5 s, only events that do no
+    work for it: pings, a describe, an unknown event, empty audio-chunks, a transcribe and a
+    synthesize-stop (both refused), a synthesize-chunk without a start (refused)."""
+    fmt = {"rate": 16000, "width": 2, "channels": 1}
+    start = _header("audio-start", data=fmt)
+    text = json.dumps({"text": "Hello. "}).encode()
     others = [_header("ping", data={"text": str(i)}) for i in range(80)]
-    others[3] = _header("describe")
+    others[1] = _header("transcribe")
+    others[2] = _header("synthesize-stop")
+    others[3] = _header("synthesize-chunk", data_length=len(text)) + text
+    others[4] = _header("describe")
     others[5] = _header("x-keepalive")
+    for at in range(6, 80, 3):
+        others[at] = _header("audio-chunk", data=fmt, payload_length=0)
     facts = _every_half_second(served.port, [start, *others])
+    # The three refused events' own errors (invalid_input) are not the point here.
+    refused = facts["refused"]
+    assert refused[:3] == ["invalid_input"] * 3, refused
+    facts["refused"] = refused[3:]
     in_use = _scrape(served.http_port)
     facts["slots_freed"] = not any(
         v for k, v in in_use.items() if k.startswith("talkies_model_slots_in_use")
@@ -647,6 +661,53 @@ def test_every_row_has_a_runner_and_every_runner_a_row() -> None:
 @pytest.mark.parametrize("row", ROWS, ids=[r.case for r in ROWS])
 def test_hostile_input(server: Served, row: Row) -> None:
     check(row, RUNNERS[row.case](server))
+
+
+def test_a_request_longer_than_the_idle_timeout_keeps_the_connection(tmp_path: Path) -> None:
+    """A synthesis that takes longer than the idle timeout (1 s here) is the server's time,
+    not the client's: the connection is still served after it (it was closed with
+    idle_timeout right after the audio-stop)."""
+    served = _start(tmp_path, "--wyoming", "tcp://127.0.0.1:0", TALKIES_STREAM_IDLE_TIMEOUT="1")
+    try:
+        served.wait_ready()
+        text = " ".join(["The quick brown fox jumps over the lazy dog."] * 40)
+        data = json.dumps({"text": text}).encode()
+        with socket.create_connection(("127.0.0.1", served.port), timeout=600) as sock:
+            sock.sendall(_header("synthesize", data_length=len(data)) + data)
+            stream = sock.makefile("rb")
+            started = time.monotonic()
+            types: list[str] = []
+            while not types or types[-1] != "audio-stop":
+                event = read_event(stream)
+                assert event is not None, types[-3:]
+                types.append(event.type)
+            took = time.monotonic() - started
+            sock.sendall(_header("ping", data={"text": "still there?"}))
+            answer = read_event(stream)
+    finally:
+        served.proc.kill()
+        served.proc.wait(timeout=30)
+    assert took > 1.0  # the premise: the request outlasted the idle timeout
+    assert answer is not None and answer.type == "pong", answer
+
+
+def test_a_refused_audio_start_drops_its_audio_until_audio_stop(server: Served) -> None:
+    """An audio-start that is refused (here: a width no one has) gets one error; its chunks
+    are dropped until audio-stop, not each taken as a new transcription's start (which
+    answered an error per chunk, or the audio's tail as a transcript once one could open)."""
+    good = {"rate": 16000, "width": 2, "channels": 1}
+    pcm = GOFORWARD.read_bytes()
+    data = _header("audio-start", data={**good, "width": 3})
+    for at in range(0, len(pcm), 32000):
+        piece = pcm[at : at + 32000]
+        data += _header("audio-chunk", data=good, payload_length=len(piece)) + piece
+    data += _header("audio-stop") + _header("ping", data={"text": "after"})
+    events, _ = _raw(server.port, data, wait=5)
+    types = [e["type"] for e in events]
+    assert types == ["error", "pong"], events
+    answer = run(transcribe(server.port, pcm, rate=16000))
+    (transcript,) = [e for e in answer if e.type == "transcript"]
+    assert "forward" in transcript.data["text"].lower()
 
 
 def test_sigterm_lets_a_synthesis_finish_then_exits_0(tmp_path: Path) -> None:

@@ -139,6 +139,7 @@ class Transcriber:
             )
         self.model = self._entry(name)
         self.language = normalize_language(language) if language else None
+        self.dropping = False  # a new request: what an earlier refusal dropped is over
 
     async def audio_start(self, event: WireEvent) -> None:
         if self.transcription is not None:
@@ -147,6 +148,10 @@ class Transcriber:
         await self._open(event)
 
     async def _open(self, event: WireEvent) -> None:
+        # Refused (a bad format, a full model): the rest of this audio, up to its
+        # audio-stop, is dropped, not taken as a new transcription chunk by chunk (each
+        # refused again, or one opening once a slot is free, its transcript the audio's tail).
+        self.dropping = True
         try:
             converter = PcmConverter(*audio_format(event.data))
         except AudioFormatError as exc:
@@ -159,6 +164,7 @@ class Transcriber:
         except BaseException:
             self.channel.busy(-1)
             raise
+        self.dropping = False
         job = self.transcription = _Transcription(stream, converter)
         await self.channel.send(
             "transcript-start", {"language": self.language} if self.language else None

@@ -29,19 +29,23 @@ log = logging.getLogger("talkies.wyoming")
 _READ_SIZE = 65536
 
 
-# The events that carry a transcription's or a synthesis' work (its audio, its text).
-_WORK_EVENTS = frozenset(
-    {
-        "transcribe",
-        "audio-start",
-        "audio-chunk",
-        "audio-stop",
-        "synthesize",
-        "synthesize-start",
-        "synthesize-chunk",
-        "synthesize-stop",
-    }
-)
+# The events that carry an open transcription's work (its audio) and an open streaming
+# synthesis' (its text). While one is open (a model's slot held), only its own events, taken
+# and not empty, are activity for the idle deadline: a client that sent nothing else (pings,
+# describe, unknown events, empty chunks, refused events, a transcribe or a legacy synthesize
+# that does nothing for the work open) would otherwise hold the slot as long as it kept on.
+_AUDIO_EVENTS = frozenset({"audio-chunk", "audio-stop"})
+_TEXT_EVENTS = frozenset({"synthesize-chunk", "synthesize-stop"})
+
+
+def _carries_work(event: WireEvent) -> bool:
+    """Whether a chunk event carries something (audio bytes, text to speak)."""
+    if event.type == "audio-chunk":
+        return bool(event.payload)
+    if event.type == "synthesize-chunk":
+        text = event.data.get("text")
+        return isinstance(text, str) and bool(text.strip())
+    return True
 
 
 class Connection:
@@ -97,9 +101,15 @@ class Connection:
                 await self.channel.error(str(exc), "invalid_message")
                 return
             if event is not None:
-                if self._counts(event):
-                    last = anyio.current_time()
-                await self._handle(event)
+                work = self._open_work()
+                began = anyio.current_time()
+                taken = await self._handle(event)
+                now = anyio.current_time()
+                if work is None or (taken and event.type in work and _carries_work(event)):
+                    last = now
+                else:
+                    # The time the server spent on it is not the client's idleness.
+                    last += now - began
                 continue
             if self._stopping() and self.asr.transcription is None and not self.tts.in_progress:
                 return
@@ -119,24 +129,27 @@ class Connection:
                     return
                 self.reader.feed(data)
 
-    def _counts(self, event: WireEvent) -> bool:
-        """Whether an event is activity for the idle deadline. With a transcription or a
-        streaming synthesis open (a slot held), only that work's events are: a client that
-        opened one and then sent only ``ping``, ``describe`` or unknown events would
-        otherwise hold the model's slot for as long as it kept them up."""
-        if self.asr.transcription is None and not self.tts.in_progress:
-            return True
-        return event.type in _WORK_EVENTS
+    def _open_work(self) -> frozenset[str] | None:
+        """The events that are activity while a transcription or a streaming synthesis is
+        open (None: nothing is open, every event is)."""
+        asr = self.asr.transcription is not None
+        tts = self.tts.streaming_open
+        if not asr and not tts:
+            return None
+        return (_AUDIO_EVENTS if asr else frozenset()) | (_TEXT_EVENTS if tts else frozenset())
 
-    async def _handle(self, event: WireEvent) -> None:
+    async def _handle(self, event: WireEvent) -> bool:
+        """Serve one event; whether it was taken (not refused nor ignored)."""
         handler = self._handlers.get(event.type)
         if handler is None:
             log.debug("wyoming: ignored an event", extra={"type": event.type[:64]})
-            return
+            return False
         try:
             await handler(event)
         except (Refusal, EngineUnavailable) as exc:
             await self.channel.refuse(exc)
+            return False
+        return True
 
     async def _describe(self, event: WireEvent) -> None:
         # A worker thread: it looks at files, and a loaded voice list is a call to its

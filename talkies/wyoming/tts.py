@@ -96,6 +96,12 @@ class Synthesizer:
         return self.speaking or self.owed > 0
 
     @property
+    def streaming_open(self) -> bool:
+        """A streaming synthesis is open (``synthesize-start`` taken, no ``synthesize-stop``
+        yet)."""
+        return self.done is not None
+
+    @property
     def in_progress(self) -> bool:
         """A synthesis of either form is open (a graceful shutdown lets it finish)."""
         return self.speaking or self.done is not None
