@@ -248,6 +248,9 @@ def test_describe_lists_the_registry_well_within_home_assistants_second(server: 
     assert asr.models[0].name == "whisper-base-en"  # the offline default first
     assert models["whisper-base-en"].installed and "en" in models["whisper-base-en"].languages
     assert models["whisper-base-en"].languages[0] == "en"
+    # Multilingual weights (English by default): Home Assistant offers it for other languages.
+    assert {"fr", "de", "ja"} <= set(models["whisper-base-en"].languages)
+    assert models["whisper-base-en"].attribution.name == "OpenAI Whisper"
     assert "kokoro-82m" not in models and "piper-en-us-joe" not in models
     (tts,) = info.tts
     assert tts.supports_synthesize_streaming
@@ -402,6 +405,32 @@ def test_a_streaming_synthesis_that_fails_mid_audio_still_ends_its_audio(server:
     assert types[0] == "audio-start" and "audio-chunk" in types, types
     assert types[-3:] == ["error", "audio-stop", "synthesize-stopped"], types
     assert Error.from_event(events[-3]).code == "invalid_input"
+
+
+def test_a_streamed_piece_with_nothing_to_speak_is_skipped(server: Served) -> None:
+    """An LLM's reply with an ellipsis: "... " is cut off as a sentence of its own, which
+    Piper finds nothing to speak in. The rest of the reply is spoken (it was refused, and
+    everything after it lost), and no error is sent."""
+    text = "Hello there. ... How are you today? I am fine."
+
+    async def go() -> list[Event]:
+        async with AsyncTcpClient("127.0.0.1", server.port) as client:
+            await client.write_event(SynthesizeStart().event())
+            await client.write_event(SynthesizeChunk(text=text).event())
+            await client.write_event(SynthesizeStop().event())
+            events: list[Event] = []
+            while not events or events[-1].type != "synthesize-stopped":
+                event = await asyncio.wait_for(client.read_event(), 600)
+                assert event is not None, [e.type for e in events]
+                events.append(event)
+            return events
+
+    events = run(go())
+    assert "error" not in [e.type for e in events], [e.data for e in events if e.type == "error"]
+    pcm, rate = pcm_of(events)
+    heard = transcript_of(run(transcribe(server.port, pcm, rate=rate)))
+    errors, _ = word_errors(heard, "Hello there. How are you today? I am fine.")
+    assert errors <= 2, heard
 
 
 def test_a_lone_surrogate_is_echoed_by_ping_and_refused_as_text_to_speak(

@@ -24,6 +24,7 @@ PROJECT_URL = "https://github.com/talkies-speech/talkies"
 _TTS_LANGUAGES = {"piper": ["en"], "kokoro": ["en", "ja", "zh", "es", "fr", "hi", "it", "pt"]}
 _ATTRIBUTION = {
     "whisper": ("OpenAI Whisper", "https://github.com/openai/whisper"),
+    "whisper_ct2": ("OpenAI Whisper", "https://github.com/openai/whisper"),
     "sherpa": ("k2-fsa sherpa-onnx", "https://github.com/k2-fsa/sherpa-onnx"),
     "vosk": ("Alpha Cephei Vosk", "https://alphacephei.com/vosk/"),
     "parakeet_cpp": ("NVIDIA Parakeet", "https://huggingface.co/nvidia"),
@@ -39,7 +40,7 @@ def _attribution(executor: str) -> dict[str, str]:
 
 
 def _asr_languages(entry: ModelEntry) -> list[str]:
-    if entry.executor == "whisper":
+    if entry.executor in ("whisper", "whisper_ct2"):  # multilingual weights
         first = entry.options.get("language")
         rest = [code for code in LANGUAGE_NAMES if code != first]
         return [first, *rest] if isinstance(first, str) else rest

@@ -26,6 +26,8 @@ from ..engines.supply.builtin import DEFAULT_SPEECH_MODEL
 from ..engines.tts.base import (
     API_SPEED_RANGE,
     MAX_INPUT_CHARS,
+    NOTHING_TO_SPEAK,
+    SpeechError,
     SpeechModel,
     SpeechRequest,
     SynthesisFailed,
@@ -193,21 +195,29 @@ class Synthesizer:
                 if not speaker:  # the model's first voice (for an engine process, a call to it)
                     voices = await anyio.to_thread.run_sync(model.voices)
                     request = SpeechRequest(text=text, voice=voices[0], language=language)
-                stream = await model.synthesize(request)
                 audio = {"rate": model.sample_rate, "width": 2, "channels": 1}
-                async with stream:
-                    async for pcm in stream:
-                        if not started:
-                            started = True
-                            await send("audio-start", audio)
-                        for at in range(0, len(pcm), _SEND_CHUNK):
-                            piece = pcm[at : at + _SEND_CHUNK]
-                            await send("audio-chunk", audio, piece)
-                            if not sent:
-                                metrics.FIRST_AUDIO_SECONDS.labels(_SURFACE).observe(
-                                    time.monotonic() - began
-                                )
-                            sent += len(piece)
+                before = sent
+                try:
+                    stream = await model.synthesize(request)
+                    async with stream:
+                        async for pcm in stream:
+                            if not started:
+                                started = True
+                                await send("audio-start", audio)
+                            for at in range(0, len(pcm), _SEND_CHUNK):
+                                piece = pcm[at : at + _SEND_CHUNK]
+                                await send("audio-chunk", audio, piece)
+                                if not sent:
+                                    metrics.FIRST_AUDIO_SECONDS.labels(_SURFACE).observe(
+                                        time.monotonic() - began
+                                    )
+                                sent += len(piece)
+                except SpeechError as exc:
+                    # A piece of a streamed text with nothing to speak ("... " cut off as a
+                    # sentence of its own) is skipped: the rest of the reply is still spoken.
+                    # One text that is all of a request is refused as it was.
+                    if isinstance(texts, list) or exc.detail != NOTHING_TO_SPEAK or sent > before:
+                        raise
             spoken = True
         except (Refusal, EngineUnavailable, SynthesisFailed) as exc:
             code = exc.kind.value if isinstance(exc, Refusal) else "server_error"

@@ -39,6 +39,7 @@ from ..options import int_option
 from ..supply.entry import ModelEntry
 from ..supply.wheels import WheelFile
 from ..tts.base import (
+    NOTHING_TO_SPEAK,
     SAMPLE_RATE,
     Emitter,
     SpeechError,
@@ -229,7 +230,7 @@ def _nothing_to_speak() -> Iterator[None]:
     except ValueError as exc:
         if str(exc).startswith(("No phonemes", "Nothing to synthesize")):
             raise SpeechError(
-                SpeechErrorKind.INVALID_INPUT, "the input has nothing to speak", param="input"
+                SpeechErrorKind.INVALID_INPUT, NOTHING_TO_SPEAK, param="input"
             ) from None
         raise
 

@@ -41,6 +41,7 @@ from ..options import int_option
 from ..supply.entry import ModelEntry
 from ..supply.wheels import WheelFile
 from ..tts.base import (
+    NOTHING_TO_SPEAK,
     SAMPLE_RATE,
     Emitter,
     SpeechError,
@@ -202,9 +203,7 @@ class PiperSpeechModel:
             if out.size:
                 emitter.emit(pcm16(out))
         if not spoken:
-            raise SpeechError(
-                SpeechErrorKind.INVALID_INPUT, "the input has nothing to speak", param="input"
-            )
+            raise SpeechError(SpeechErrorKind.INVALID_INPUT, NOTHING_TO_SPEAK, param="input")
         emitter.emit(pcm16(resampler.resample_chunk(np.zeros(0, np.float32), last=True)))
 
     def _pieces(

@@ -34,6 +34,7 @@ from ..base import Refusal, RefusalKind
 __all__ = [
     "API_SPEED_RANGE",
     "MAX_INPUT_CHARS",
+    "NOTHING_TO_SPEAK",
     "SAMPLE_RATE",
     "Emitter",
     "SpeechError",
@@ -75,6 +76,11 @@ class SpeechRequest:
 # The kinds a speech request is refused with (invalid_input, unknown_voice, unsupported): the
 # engines' one vocabulary (every one is the client's fault, HTTP 400).
 SpeechErrorKind = RefusalKind
+
+
+# The detail of the refusal of a text in which an engine found nothing to speak (only
+# punctuation, say): a streaming synthesis skips such a piece (talkies/wyoming/tts.py).
+NOTHING_TO_SPEAK = "the input has nothing to speak"
 
 
 class SpeechError(Refusal):
