@@ -258,6 +258,68 @@ def test_early_decodes_faster_until_its_first_commit() -> None:
     assert rec.finish().text == expected_text(12)
 
 
+@dataclass
+class Scripted:
+    """A decoder that hears the texts it is given: the ``n``-th hypothesis the ``n``-th of
+    ``hypotheses`` (the last one from then on), a final decode ``final``; words 0.1 s long from
+    0 s, of probability 0.1 (so that only the three-hypothesis rule of ``early`` commits)."""
+
+    hypotheses: list[str]
+    final: str
+    requests: list[DecodeRequest] = field(default_factory=list)
+
+    def decode(self, audio: npt.NDArray[np.float32], request: DecodeRequest) -> Decoded:
+        self.requests.append(request)
+        done = sum(1 for r in self.requests if not r.final) - 1
+        text = self.final if request.final else self.hypotheses[min(done, len(self.hypotheses) - 1)]
+        timed = tuple(
+            DecodedWord(w, 0.1 * k, 0.1 * k + 0.1, probability=0.1)
+            for k, w in enumerate(text.split())
+        )
+        return Decoded(timed)
+
+
+def early(decoder: Any) -> AgreementRecognition:
+    config = RollingConfig(first_refresh_seconds=0)  # a hypothesis every 0.5 s
+    return AgreementRecognition(decoder, config, language="en", word_timestamps=True, early=True)
+
+
+def test_early_commits_words_capitalized_as_the_hypotheses_before_heard_them() -> None:
+    """Agreement ignores case, but committed words are forced as every later decode's prefix:
+    Whisper base, given "the" where the utterance began "The", misheard what followed, and two
+    hypotheses agreed on that mishearing (a 16 s utterance fed in 1 s pieces, 2026-12-03)."""
+    decoder = Scripted(["The quick", "The quick", "the quick brown"], final="")
+    rec = early(decoder)
+    for _ in range(3):
+        rec.accept(bytes(16000))  # 0.5 s each: one hypothesis each
+    assert rec.committed_text == "The quick"
+    assert decoder.requests[-1].prefix == ""  # (the next decode is forced with it)
+    rec.accept(bytes(16000))
+    assert decoder.requests[-1].prefix == "The quick"
+
+
+def test_early_final_goes_on_past_its_prefix_when_beam_search_stops_there() -> None:
+    """A final (beam search) forced into a long prefix can end right after it, though the last
+    hypothesis heard words after it ("... before you leave the" without "office tonight.",
+    Whisper base, 2026-12-03): its words then come from a greedy decode of the same audio."""
+    said = "please close the window before you leave the office tonight"
+    committed = "please close the window before you leave the"
+    decoder = Scripted([committed, committed, said], final=committed)
+    rec = early(decoder)
+    for _ in range(3):
+        rec.accept(bytes(16000))
+    assert rec.committed_text == committed
+    assert rec.finish().text == said
+    assert [r.final for r in decoder.requests[-2:]] == [True, False]
+    # A final that hears nothing after the prefix where no hypothesis did either is kept as
+    # it is: no second decode.
+    decoder = Scripted([committed] * 3, final=committed)
+    rec = early(decoder)
+    for _ in range(3):
+        rec.accept(bytes(16000))
+    assert rec.finish().text == committed and decoder.requests[-1].final
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     groups=st.lists(st.integers(1, 20), min_size=1, max_size=3),

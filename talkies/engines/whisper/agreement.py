@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -156,6 +156,19 @@ def after_committed(
     return drop_repeated_start(committed, tuple(w for w in words if w.start >= end), most=5)
 
 
+def _capitalized(word: DecodedWord, *others: DecodedWord) -> DecodedWord:
+    """``word`` with its first letter's case as ``others`` (the hypotheses that agreed on it)
+    all have it. Capitals follow what comes before a word, which every hypothesis heard alike;
+    its letters and punctuation stay the newest hypothesis's (they follow what comes after
+    it, which the newest heard most of)."""
+    head, rest = word.text[:1], word.text[1:]
+    if all(w.text[:1].isupper() for w in others) and head.islower():
+        return replace(word, text=head.upper() + rest)
+    if all(w.text[:1].islower() for w in others) and head.isupper():
+        return replace(word, text=head.lower() + rest)
+    return word
+
+
 @dataclass(slots=True)
 class AgreementRecognition:
     """One open utterance under LocalAgreement-2 (see the module docstring)."""
@@ -236,6 +249,13 @@ class AgreementRecognition:
             timestamps = self.word_timestamps or len(self._committed) > self._trimmed
             words = self._decode(self._audio, timestamps=timestamps, final=True)
             tail = self._fresh(words)
+            if not tail and self._tail and len(self._committed) > self._trimmed:
+                # Forced into a long prefix, beam search may close a segment right after it
+                # and end (its score is mostly the forced words'), though the last hypothesis
+                # heard words after them: the whole audio's words then come from a greedy
+                # decode, as the hypotheses', which goes on past the prefix.
+                words = self._decode(self._audio, timestamps=timestamps, final=False)
+                tail = self._fresh(words)
         return EngineFinal(text=self._text(tail), words=self._words(tail))
 
     def close(self) -> None:
@@ -318,6 +338,16 @@ class AgreementRecognition:
             # heard with confidence; their audio stays: the end decodes it again.
             two, three = self._witnesses(sizes)
             count = min(agreed, agreed_prefix(prior, fresh)) if three else 0
+            if count:
+                # Capitalized as the two before heard them: agreement ignores case, but the
+                # committed text is forced as every later decode's prefix, and one
+                # hypothesis's odd case ("the" opening the utterance where the two before
+                # heard "The") led the decodes after it astray (two of them then agreed on
+                # the same mishearing, committed).
+                self._tail = (
+                    *(_capitalized(w, previous[k], prior[k]) for k, w in enumerate(fresh[:count])),
+                    *fresh[count:],
+                )
             heard = previous if two == 1 else prior
             limit = agreed_prefix(heard, fresh) if two else 0
             count = min(count, limit)

@@ -184,7 +184,9 @@ class Ct2WhisperModel(BaseWhisperModel):
         budget = 32 + math.ceil(audio.size / SAMPLE_RATE * 12)
         # Beam search (``final_beam_size``) only for the words that are kept; a partial is
         # greedy. CTranslate2 forces the prefix on every beam alike and returns the best
-        # hypothesis first (``num_hypotheses`` 1), so what follows is the same either way.
+        # hypothesis first (``num_hypotheses`` 1). What follows a long forced prefix is not
+        # always a greedy decode's: the best beam can end right after it (its score is
+        # mostly the forced words'), which AgreementRecognition.finish makes up for.
         beam = self.config.final_beam_size if request.final else 1
         result = self._model.generate(
             encoded,
