@@ -105,3 +105,16 @@ def test_fragments_are_joined_and_upsampled_frames_split() -> None:
     resampler.convert([BinaryReceived(data=bytes(600), final=False)])
     (raw,) = resampler.convert([BinaryReceived(data=bytes(600))])
     assert raw == BinaryReceived(data=bytes(1200))
+
+
+def test_audio_after_the_tail_starts_afresh() -> None:
+    """``tail`` ends libsoxr's stream (its last input); audio after it (a Deepgram client's
+    frames still queued behind CloseStream) starts a fresh one rather than raising."""
+    resampler = PcmResampler(8000, 65536)
+    tone = (np.sin(np.arange(1600) / 5) * 8000).astype("<i2").tobytes()  # 0.2 s at 8 kHz
+    lengths = []
+    for _ in range(2):
+        (batch,) = resampler.convert([AudioBatch(frames=(tone,))])
+        assert isinstance(batch, AudioBatch)
+        lengths.append(sum(len(f) for f in batch.frames) + sum(map(len, resampler.tail())))
+    assert lengths == [2 * 3200, 2 * 3200]

@@ -112,6 +112,32 @@ def test_other_sample_rates_are_resampled(host: Host, rate: int) -> None:
     assert messages[-1]["duration"] == pytest.approx(1.6, abs=0.01)  # at 16 kHz, all of it
 
 
+@pytest.mark.parametrize("rate", [16000, 8000])
+def test_audio_after_close_stream_is_dropped_and_the_flush_still_answers(
+    host: Host, rate: int
+) -> None:
+    """A client whose frames were still queued as it sent CloseStream: the audio after it is
+    past the end, dropped. It used to be refused (invalid_audio, 4400: the transcript of all
+    that came before lost) or, resampled (8 kHz, G.711), to break the connection (libsoxr
+    takes nothing after its last input)."""
+    import numpy as np
+
+    pcm16 = np.frombuffer(speech(0.6) + silence(0.4), dtype="<i2")
+    pcm = np.interp(
+        np.arange(len(pcm16) * rate // 16000) * 16000 / rate, np.arange(len(pcm16)), pcm16
+    ).astype("<i2")
+    ws = ws_connect(host.url(QUERY.replace("16000", str(rate))), additional_headers=AUTH)
+    _send_audio(ws, pcm.tobytes(), frame=rate // 50 * 2)
+    ws.send(json.dumps({"type": "CloseStream"}))
+    with suppress(ConnectionClosed):
+        _send_audio(ws, pcm.tobytes()[: rate // 5], frame=rate // 50 * 2)
+    messages, code = _drain(ws)
+    assert code == 1000, messages
+    assert "w1 w2" in _finals(messages)
+    assert messages[-1]["type"] == "Metadata"
+    assert messages[-1]["duration"] == pytest.approx(1.0, abs=0.01)  # not the late audio
+
+
 def test_keepalive_holds_the_stream_past_the_idle_timeout(host: Host) -> None:
     ws = ws_connect(host.url(), additional_headers=AUTH)
     for _ in range(6):  # 3 s of KeepAlive against a 2 s idle timeout

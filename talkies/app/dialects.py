@@ -188,7 +188,6 @@ class PcmResampler:
                 held = self.tail()
                 if held:
                     out.append(AudioBatch(frames=tuple(held)))
-                self._process = self._new_stream()
                 out.append(item)
             else:
                 out.append(item)
@@ -201,8 +200,11 @@ class PcmResampler:
         return AudioBatch(frames=tuple(frames))
 
     def tail(self) -> list[bytes]:
-        """What the resampler still holds, at the end of the audio."""
-        return self._split(self._process(np.zeros((0, 1), dtype=np.int16), True))
+        """What the resampler still holds, at the end of the audio (or at a cut); audio
+        after it starts a fresh stream (libsoxr takes nothing after its last input)."""
+        held = self._split(self._process(np.zeros((0, 1), dtype=np.int16), True))
+        self._process = self._new_stream()
+        return held
 
     def _frame(self, pcm: bytes) -> list[bytes]:
         if not pcm or len(pcm) > self._max:

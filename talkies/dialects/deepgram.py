@@ -319,6 +319,10 @@ class ListenTranslator:
         answered here leave an empty :class:`AudioBatch`: client activity, no audio)."""
         out: list[ClientInput] = []
         for item in batch:
+            if self._ending and isinstance(item, AudioBatch | BinaryReceived):
+                # Audio after CloseStream (a client's frames still queued as it closed) is
+                # past the end: dropped, so that the flush still answers for what came before.
+                continue
             if isinstance(item, AudioBatch):
                 if b"" in item.frames:  # an empty message: Deepgram's older CloseStream
                     # The audio before it, counted as any; audio after it is past the end.
