@@ -232,6 +232,23 @@ def test_finalize_anywhere_sends_every_word_final_exactly_once(
         assert pair.messages[-1]["type"] == "Metadata" and pair.close_code == 1000
 
 
+def test_a_finalize_over_silence_ends_its_window_where_it_was() -> None:
+    """A Finalize after 1.5 s of silence, answered (nothing heard) once more audio came: its
+    window is 0-1.5 s, and the words said after it are in the next one (its window ran to
+    all the audio the session had taken, and the next began after the words)."""
+    pair = ListenPair(OPTIONS)
+    pair.engine(EngineOpened())
+    tenth = b"\x00\x00" * 1600  # 0.1 s: frames within the pair's 4096-byte limit
+    pair.client([AudioBatch(frames=(tenth,) * 15)])
+    pair.client([TextReceived(data='{"type":"Finalize"}')])
+    pair.client([AudioBatch(frames=(tenth,) * 20)])
+    pair.engine(EngineEndpoint(text="", cut=True))
+    words = (Word(word="go", start=1.7, end=2.0), Word(word="forward", start=2.0, end=2.5))
+    pair.engine(EngineEndpoint(text="go forward", words=words))
+    finals = [m for m in pair.messages if m["type"] == "Results" and m["is_final"]]
+    assert [(m["start"], m["duration"]) for m in finals] == [(0.0, 1.5), (1.5, 1.0)]
+
+
 # -- each final's window holds its own words ---------------------------------------------------
 
 

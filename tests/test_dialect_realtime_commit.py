@@ -112,6 +112,24 @@ def test_a_manual_commit_is_committed_at_once_and_transcribed_when_the_cut_answe
     assert pair.close_code is None
 
 
+def test_each_manual_items_usage_is_the_audio_between_its_commits() -> None:
+    """usage.seconds is the audio from the last commit to this one, wherever the session was
+    when the cut answered: here both commits are sent before the first answer, which then
+    said 9 s of audio (it charged 9.3 s to the first item and 0 to the second)."""
+    pair = _pair(MANUAL)
+    pair.client([*_append(3.3), _event("input_audio_buffer.commit")])
+    pair.client([*_append(6.0), _event("input_audio_buffer.commit")])
+    for start in (0.0, 3.3):
+        text, words = _utterance(2, start)
+        pair.engine(EngineEndpoint(text=text, words=words, cut=True))
+    usage = [
+        e["usage"]["seconds"]
+        for e in pair.events
+        if e["type"] == "conversation.item.input_audio_transcription.completed"
+    ]
+    assert usage == [3.3, 6.0]
+
+
 def test_a_manual_items_transcript_joins_the_engines_own_endpoints_since_the_last_commit() -> None:
     pair = _pair(MANUAL, beta=True)
     pair.client(_append(3.0))

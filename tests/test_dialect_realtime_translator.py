@@ -30,6 +30,7 @@ from talkies.protocol import (
     EnginePartial,
     ErrorCode,
     TextReceived,
+    Tick,
     Word,
 )
 
@@ -319,6 +320,34 @@ def test_an_event_over_the_limit_is_refused_by_the_session() -> None:
     pair.client([TextReceived(data="x" * limit, final=False), TextReceived(data="xx")])
     assert pair.events[-1]["error"]["code"] == ErrorCode.MESSAGE_TOO_LARGE.value
     assert pair.close_code == 4400
+
+
+def test_an_event_over_the_limit_in_fragments_is_one_refusal_naming_its_limit() -> None:
+    """The rest of its fragments are not a message of their own (they were parsed as one:
+    an invalid_json error came first), and the refusal names the event limit, not the
+    native control messages' 4 KB."""
+    pair = _streaming()
+    limit = event_limit(REALTIME_LIMITS.max_frame_bytes)
+    before = len(pair.events)
+    pair.client(
+        [
+            TextReceived(data="{" + "x" * limit, final=False),
+            TextReceived(data="x" * 100, final=False),
+            TextReceived(data="x}"),
+        ]
+    )
+    errors = [e["error"] for e in pair.events[before:] if e["type"] == "error"]
+    assert [e["code"] for e in errors] == [ErrorCode.MESSAGE_TOO_LARGE.value], errors
+    assert errors[0]["message"] == f"the event exceeds the limit of {limit} bytes"
+    assert pair.close_code == 4400
+
+
+def test_a_silent_connection_is_told_what_it_did_not_send() -> None:
+    pair = RealtimePair(RealtimeConfig(model="tiny-test"))
+    pair.now = REALTIME_LIMITS.start_timeout_seconds
+    pair.engine(Tick())
+    assert pair.events[-1]["error"]["code"] == ErrorCode.IDLE_TIMEOUT.value
+    assert "no session.update nor audio" in pair.events[-1]["error"]["message"]
 
 
 @given(st.lists(st.binary(max_size=64), max_size=8))

@@ -26,6 +26,7 @@ import hashlib
 import json
 import math
 import re
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
@@ -33,6 +34,7 @@ from urllib.parse import parse_qsl
 from ..protocol import (
     MAX_CONTROL_BYTES,
     MODEL_SLUG,
+    SAMPLE_RATE,
     AudioBatch,
     BinaryReceived,
     CutRequested,
@@ -307,6 +309,8 @@ class ListenTranslator:
         self._why: str | None = None  # the detail of the failure the session is about to send
         self._ending = False  # CloseStream was passed on as the native end
         self._binary_open = False  # a binary message's fragments are arriving
+        self._audio_bytes = 0  # of 16 kHz PCM16 passed to the session
+        self._cuts: deque[float] = deque()  # where each Finalize not answered yet is (s)
 
     # -- client -> session -------------------------------------------------------------------
 
@@ -332,6 +336,7 @@ class ListenTranslator:
                     continue
                 for frame in item.frames:
                     self._audio_hash.update(frame)
+                    self._audio_bytes += len(frame)
                 out.append(item)
             elif isinstance(item, BinaryReceived):
                 whole = not self._binary_open  # a message's first fragment, or all of it
@@ -344,6 +349,7 @@ class ListenTranslator:
                     out.append(TextReceived(data=bytes(self._text), final=False))
                     self._text = None
                 self._audio_hash.update(item.data)
+                self._audio_bytes += len(item.data)
                 out.append(item)
             elif isinstance(item, TextReceived):
                 out.extend(self._text_part(item))
@@ -394,6 +400,9 @@ class ListenTranslator:
             if self._ending:
                 return []
             if live:
+                # Where the cut is: its answer's audio_seconds is all the session had taken
+                # by then, audio sent after the Finalize included.
+                self._cuts.append(self._audio_bytes / (2 * SAMPLE_RATE))
                 return [CutRequested()]  # answered by the cut's endpoint
             self._finalize_nothing()
             return []
@@ -468,7 +477,9 @@ class ListenTranslator:
             return
         finalize = event.get("cut") is True  # the answer to a Finalize
         speech_final = not finalize and (kind == "final" or options.endpointing)
-        if kind != "final" and words:
+        if finalize and self._cuts:
+            end = self._cuts.popleft()  # the window ends where the Finalize was
+        elif kind != "final" and words:
             # The engine decides an utterance has ended a pause after its last word, and by
             # then the next one may have begun (a short pause): its window ends with its
             # speech, so that the next result's window holds all of its own words.

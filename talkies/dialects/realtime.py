@@ -40,7 +40,7 @@ import binascii
 import json
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qsl
@@ -488,6 +488,8 @@ class RealtimeTranslator:
         self._max_frame = max(2, max_frame_bytes & ~1)
         self._out: list[str] = []
         self._text: bytearray | None = None
+        self._discarding = False  # the rest of a message refused as too large is dropped
+        self._too_large: str | None = None  # the detail of that refusal
         self._held: list[bytes | None] = []  # appended before the native ready (None: commit)
         self._events = 0
         self._items = 0
@@ -503,6 +505,7 @@ class RealtimeTranslator:
         self._buffer_from = 0  # of them, where the uncommitted buffer begins (commit, clear, item)
         self._pending_clear: float | None = None  # a clear behind unanswered commits (seconds)
         self._awaiting: deque[str | None] = deque()  # each cut's item (manual) or None (VAD)
+        self._cut_at: deque[float] = deque()  # where each awaited cut is (seconds of audio)
         self._parts: list[str] = []  # manual: the engine's endpoints since the last commit
         self._commit_start = 0.0  # manual: where the next committed item's audio begins
         self._previous_of: dict[str, str | None] = {}  # manual: each awaited item's previous
@@ -563,6 +566,9 @@ class RealtimeTranslator:
         return out
 
     def _text_part(self, item: TextReceived) -> list[ClientInput]:
+        if self._discarding:  # the rest of a message already refused: nothing more of it
+            self._discarding = not item.final
+            return []
         text = item.data
         if (
             item.final
@@ -580,8 +586,12 @@ class RealtimeTranslator:
         data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
         buffered = self._text if self._text is not None else bytearray()
         if len(buffered) + len(data) > self._max_event:
-            # The native session refuses it (message_too_large) and closes 4400.
+            # The native session refuses it (message_too_large) and closes 4400; its later
+            # fragments are not a message of their own (they were parsed as one: an
+            # invalid_json error before the refusal).
             self._text = None
+            self._discarding = not item.final
+            self._too_large = f"the event exceeds the limit of {self._max_event} bytes"
             return [TextReceived(data=b"x" * (MAX_CONTROL_BYTES + 1))]
         if not item.final:
             buffered += data
@@ -714,6 +724,9 @@ class RealtimeTranslator:
         """Commit the buffer: a manual item now, transcribed when the cut answers; or (server
         VAD) the end of the open item, as a pause would end it."""
         self._buffer_from = self._total
+        # Where the cut is: the native answer's audio_seconds is all the session had taken by
+        # then, which may be more (appends after the commit, before its answer).
+        self._cut_at.append(self._total / (2 * INPUT_RATE))
         if manual:
             item, previous = self._new_item()
             self._previous_of[item] = previous
@@ -801,6 +814,11 @@ class RealtimeTranslator:
         elif kind == "error":
             code = str(event["code"])
             detail = str(event["detail"])
+            if code == ErrorCode.MESSAGE_TOO_LARGE.value and self._too_large is not None:
+                detail = self._too_large  # the native wording names its control messages' limit
+            elif code == ErrorCode.IDLE_TIMEOUT.value and not self.opened:
+                # A Realtime client has no start message: what it did not send is these.
+                detail = detail.replace("no start message", "no session.update nor audio")
             if self._item is not None and code == ErrorCode.SERVER_ERROR.value:
                 self._emit(
                     {
@@ -880,10 +898,11 @@ class RealtimeTranslator:
             }
         )
 
-    def _endpoint(self, event: dict[str, Any]) -> bool:
-        """A server-VAD utterance's end: its item, if it had words (whether it had)."""
+    def _endpoint(self, event: dict[str, Any], at: float | None = None) -> bool:
+        """A server-VAD utterance's end (``at``: a commit's, where it was): its item, if it
+        had words (whether it had)."""
         text, words = self._after_cut(str(event["text"]).strip(), _words(event.get("words")))
-        end = max(float(event["audio_seconds"]), words[-1].end if words else 0.0)
+        end = _utterance_end(event, words, at)
         if self._item is None and text:
             self._speech_started(words[0].start if words else self._segment_start)
         item = self._item
@@ -928,8 +947,9 @@ class RealtimeTranslator:
         """The answer to a commit: a manual item's transcript, or (server VAD) the open
         item's end."""
         item = self._awaiting.popleft() if self._awaiting else None
+        at = self._cut_at.popleft() if self._cut_at else None
         if item is None:
-            if not self._endpoint(event):
+            if not self._endpoint(event, at):
                 # A commit under server VAD with no words in it: an item all the same, with
                 # an empty transcript (OpenAI answers every commit it takes).
                 item, previous = self._new_item()
@@ -937,7 +957,7 @@ class RealtimeTranslator:
                 self._transcript(item, previous, "", "", 0.0)
         else:
             text, words = self._after_cut(str(event["text"]).strip(), _words(event.get("words")))
-            end = max(float(event["audio_seconds"]), words[-1].end if words else 0.0)
+            end = _utterance_end(event, words, at)
             transcript = " ".join(part for part in (*self._parts, text) if part)
             self._parts = []
             self._next_utterance(end)
@@ -957,7 +977,7 @@ class RealtimeTranslator:
         """Manual commits: the engine's own endpoints wait for the next commit's item (the
         final, at the close, is audio no commit took: dropped, as OpenAI drops it)."""
         text, words = self._after_cut(str(event["text"]).strip(), _words(event.get("words")))
-        end = max(float(event["audio_seconds"]), words[-1].end if words else 0.0)
+        end = _utterance_end(event, words, None)
         if text and not final:
             self._parts.append(text)
         self._next_utterance(end)
@@ -1025,6 +1045,15 @@ def _item(item_id: str, transcript: str | None) -> dict[str, Any]:
         "role": "user",
         "content": [{"type": "input_audio", "transcript": transcript}],
     }
+
+
+def _utterance_end(event: dict[str, Any], words: Sequence[_Word], at: float | None) -> float:
+    """Where the utterance an endpoint closes ends: a commit's cut where it was (``at``);
+    else its last word's end; with no words, the audio the session had taken (a pause the
+    engine noticed, later: the next utterance may have begun by then)."""
+    if at is not None:
+        return max(at, words[-1].end if words else 0.0)
+    return words[-1].end if words else float(event["audio_seconds"])
 
 
 def _parse(data: bytes | str) -> Any:
