@@ -720,6 +720,34 @@ def test_a_request_longer_than_the_idle_timeout_keeps_the_connection(tmp_path: P
     assert answer is not None and answer.type == "pong", answer
 
 
+def test_a_client_playing_a_long_synthesis_in_real_time_is_not_dropped(server: Served) -> None:
+    """A client that reads the audio as it plays it (real time) of a synthesis much longer
+    than the idle timeout: Linux wakes a blocked sender only once half of what is queued
+    has gone, and with the send buffer autotuned to megabytes that took longer than the
+    timeout, so the client was dropped as one that stopped reading (after about 8 s here).
+    20 s of playing are enough to tell."""
+    text = " ".join(["The quick brown fox jumps over the lazy dog."] * 34)  # ~100 s of audio
+    data = json.dumps({"text": text}).encode()
+    before = len(server.logged("wyoming client stopped reading"))
+    with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
+        sock.sendall(_header("synthesize", data_length=len(data)) + data)
+        stream = sock.makefile("rb")
+        started = time.monotonic()
+        played = 0.0
+        rate = 0
+        while time.monotonic() - started < 20:
+            event = read_event(stream)
+            assert event is not None, (f"dropped after {played:.1f} s", server.records[-3:])
+            assert event.type in ("audio-start", "audio-chunk"), event
+            if event.type == "audio-start":
+                rate = event.data["rate"]
+                started = time.monotonic()
+            elif event.payload:
+                played += len(event.payload) / (2 * rate)
+                time.sleep(max(0.0, played - (time.monotonic() - started)))
+    assert len(server.logged("wyoming client stopped reading")) == before
+
+
 def test_a_refused_audio_start_drops_its_audio_until_audio_stop(server: Served) -> None:
     """An audio-start that is refused (here: a width no one has) gets one error; its chunks
     are dropped until audio-stop, not each taken as a new transcription's start (which

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 from typing import Any
 
 import anyio
@@ -141,6 +142,7 @@ class WyomingServer:
     async def _connection(self, stream: anyio.abc.SocketStream) -> None:
         self.connections += 1
         try:
+            _bound_send_buffer(stream)
             async with stream:
                 channel = Channel(stream, self.settings, self.pool, self._set_busy)
                 if self.connections > MAX_CONNECTIONS:
@@ -156,3 +158,20 @@ class WyomingServer:
             log.exception("wyoming connection failed")
         finally:
             self.connections -= 1
+
+
+# The kernel's send buffer of a Wyoming connection. A send waits at most the idle timeout
+# (channel.py: "stopped reading"), and Linux wakes a blocked writer only once half of what
+# is queued has left; autotuned up to tcp_wmem's 4 MB, that is 2 MB, 42 s of 24 kHz audio
+# for a client that plays a long synthesis as it reads it (real time): such a client was
+# dropped as one that stopped reading. 64 KiB (the kernel doubles it) keeps the wait near
+# 1.3 s of audio played; 256 KiB (5.3 s) was still dropped now and then at a 6 s timeout.
+# A LAN's (or a 20 ms path's) bandwidth-delay product at Wyoming's rates is far less.
+SEND_BUFFER_BYTES = 64 * 1024
+
+
+def _bound_send_buffer(stream: anyio.abc.SocketStream) -> None:
+    raw = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
+    if raw is not None:
+        with contextlib.suppress(OSError):
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
