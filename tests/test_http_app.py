@@ -68,7 +68,7 @@ def test_everything_else_needs_the_token(host: HttpHost, method: str, path: str)
         ("GET", "/nope", 404, None),
         ("GET", "/v1/audio/transcriptions", 405, "POST"),
         ("DELETE", "/v1/models", 405, "GET, HEAD"),
-        ("GET", "/v1/models/whisper-base-en", 405, "DELETE"),
+        ("POST", "/v1/models/whisper-base-en", 405, "DELETE, GET, HEAD"),
         ("POST", "/v1/audio/transcriptions/stream", 405, "GET, HEAD"),
         ("GET", "/v1/audio/transcriptions/stream", 426, None),
         ("POST", "/v1/files", 405, "GET, HEAD"),

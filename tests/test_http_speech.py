@@ -225,6 +225,11 @@ BAD = [
     ),
     ({"model": "kokoro-82m", "input": 5, "voice": "alloy"}, 400, "string"),
     (
+        {"model": "kokoro-82m", "input": "x", "voice": "alloy", "stream_format": "sse"},
+        400,
+        "stream_format must be 'audio'",
+    ),
+    (
         {"model": "qwen3-tiny-random", "input": "x", "voice": "alloy", "instructions": "a\ud800"},
         400,
         "instructions is not valid unicode",
@@ -240,6 +245,25 @@ def test_refused_before_any_audio(
     assert r.status_code == status, r.text
     assert r.headers["content-type"] == "application/json"
     assert says.lower() in r.json()["error"]["message"].lower()
+
+
+def test_openai_sdk_stream_format_audio_is_this_routes_streaming(host: HttpHost) -> None:
+    """OpenAI's ``stream_format``: "audio" (its default, the audio as it is made) is what this
+    route does, taken as the SDK sends it (it was refused as an unknown field)."""
+    import openai
+
+    client = openai.OpenAI(api_key="unused", base_url=host.url + "/v1", max_retries=0)
+    with client.with_options(
+        default_headers=host.headers
+    ).audio.speech.with_streaming_response.create(
+        model="qwen3-tiny-random",
+        input="Hello there.",
+        voice="alloy",
+        response_format="pcm",
+        stream_format="audio",
+    ) as response:
+        assert response.status_code == 200
+        assert sum(len(chunk) for chunk in response.iter_bytes()) > 0
 
 
 def test_not_json(host: HttpHost) -> None:

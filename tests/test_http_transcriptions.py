@@ -47,6 +47,20 @@ def _sdk(host: HttpHost) -> openai.OpenAI:
     return openai.OpenAI(api_key=TOKEN, base_url=host.url + "/v1", max_retries=0, timeout=120)
 
 
+def test_openai_sdk_retrieves_a_model_and_lists_them(host: HttpHost) -> None:
+    """``client.models.retrieve`` (GET /v1/models/{id}: it was 405) gives the row the list
+    has; an unknown id is OpenAI's 404."""
+    client = _sdk(host)
+    listed = {m.id: m for m in client.models.list().data}
+    assert listed
+    slug = next(iter(listed))
+    one = client.models.retrieve(slug)
+    assert one.id == slug and one.object == "model" and one.owned_by == "talkies"
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.models.retrieve("no-such-model")
+    assert refused.value.code == "model_not_found"
+
+
 def test_openai_sdk_every_format_on_real_english(host: HttpHost, clips: dict[str, Path]) -> None:
     client = _sdk(host)
     with clips["goforward"].open("rb") as f:

@@ -114,7 +114,7 @@ class TalkiesApp:
         self._routes = [
             self._route("/metrics", GET=self._metrics),
             self._route("/v1/models", GET=self._models),
-            self._route("/v1/models/(?P<slug>[^/]+)", DELETE=self._unload),
+            self._route("/v1/models/(?P<slug>[^/]+)", GET=self._model, DELETE=self._unload),
             self._route("/v1/audio/transcriptions", POST=self._transcribe),
             # Base64 audio up to the upload cap, in its JSON-RPC envelope.
             self._route(MCP_PATH, body_limit=request_limit(settings), POST=self.mcp.handle),
@@ -308,6 +308,13 @@ class TalkiesApp:
 
     async def _models(self, request: Request) -> Response:
         return json_response(200, {"object": "list", "data": model_rows(self.pool)})
+
+    async def _model(self, request: Request, slug: str) -> Response:
+        """One model's row of ``GET /v1/models`` (OpenAI's ``models.retrieve``)."""
+        for row in model_rows(self.pool):
+            if row["id"] == slug:
+                return json_response(200, row)
+        raise HttpError(404, f"unknown model {slug!r}", code="model_not_found")
 
     async def _unload(self, request: Request, slug: str) -> Response:
         """Unload a model; 409 while streams pin it or requests use it (spec)."""

@@ -60,7 +60,16 @@ def _ended(outcome: str, code: str = "", *, pcm_bytes: int = 0, rate: int = 0) -
         metrics.SPEECH_AUDIO_SECONDS.labels(_SURFACE).inc(pcm_bytes / 2 / rate)
 
 
-_FIELDS = {"model", "input", "voice", "response_format", "speed", "instructions", "language"}
+_FIELDS = {
+    "model",
+    "input",
+    "voice",
+    "response_format",
+    "speed",
+    "instructions",
+    "language",
+    "stream_format",
+}
 
 
 def _text(doc: dict[str, Any], name: str, *, required: bool) -> str | None:
@@ -103,6 +112,16 @@ async def _parse(request: Request) -> tuple[str, str, SpeechRequest]:
     slug = _text(doc, "model", required=True)
     text = _text(doc, "input", required=True)
     voice = _text(doc, "voice", required=True)
+    # OpenAI's stream_format: "audio" (its default) is what this route does, the audio
+    # streamed as it is made; "sse" (base64 audio in server-sent events) is not offered.
+    stream_format = _text(doc, "stream_format", required=False)
+    if stream_format not in (None, "audio"):
+        raise HttpError(
+            400,
+            "stream_format must be 'audio': the audio is streamed as it is made; "
+            "server-sent events are not offered",
+            param="stream_format",
+        )
     fmt = _text(doc, "response_format", required=False) or "mp3"
     if fmt not in audio.SPEECH_FORMATS:
         choices = ", ".join(audio.SPEECH_FORMATS)
