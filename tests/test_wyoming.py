@@ -384,21 +384,23 @@ def test_synthesis_refusals(server: Served) -> None:
         assert Error.from_event(events[0]).code == code
 
 
-def test_a_streaming_synthesis_that_fails_mid_audio_still_ends_its_audio(server: Served) -> None:
-    async def go() -> list[Event]:
-        async with AsyncTcpClient("127.0.0.1", server.port) as client:
-            await client.write_event(SynthesizeStart().event())
-            await client.write_event(SynthesizeChunk(text="Hello there. ").event())
-            await client.write_event(SynthesizeChunk(text="Bad\x00 text. ").event())
-            await client.write_event(SynthesizeStop().event())
-            events: list[Event] = []
-            while not events or events[-1].type != "synthesize-stopped":
-                event = await asyncio.wait_for(client.read_event(), 600)
-                assert event is not None, [e.type for e in events]
-                events.append(event)
-            return events
+async def synthesize_streamed(port: int, *chunks: str) -> list[Event]:
+    """Every event answering a streaming synthesis of ``chunks``, up to synthesize-stopped."""
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        await client.write_event(SynthesizeStart().event())
+        for text in chunks:
+            await client.write_event(SynthesizeChunk(text=text).event())
+        await client.write_event(SynthesizeStop().event())
+        events: list[Event] = []
+        while not events or events[-1].type != "synthesize-stopped":
+            event = await asyncio.wait_for(client.read_event(), 600)
+            assert event is not None, [e.type for e in events]
+            events.append(event)
+        return events
 
-    events = run(go())
+
+def test_a_streaming_synthesis_that_fails_mid_audio_still_ends_its_audio(server: Served) -> None:
+    events = run(synthesize_streamed(server.port, "Hello there. ", "Bad\x00 text. "))
     types = [e.type for e in events]
     # The first sentence's audio, then the refusal of the second, then the audio-stop a
     # client waits for, then the end of the streaming synthesis.
@@ -411,21 +413,7 @@ def test_a_streamed_piece_with_nothing_to_speak_is_skipped(server: Served) -> No
     """An LLM's reply with an ellipsis: "... " is cut off as a sentence of its own, which
     Piper finds nothing to speak in. The rest of the reply is spoken (it was refused, and
     everything after it lost), and no error is sent."""
-    text = "Hello there. ... How are you today? I am fine."
-
-    async def go() -> list[Event]:
-        async with AsyncTcpClient("127.0.0.1", server.port) as client:
-            await client.write_event(SynthesizeStart().event())
-            await client.write_event(SynthesizeChunk(text=text).event())
-            await client.write_event(SynthesizeStop().event())
-            events: list[Event] = []
-            while not events or events[-1].type != "synthesize-stopped":
-                event = await asyncio.wait_for(client.read_event(), 600)
-                assert event is not None, [e.type for e in events]
-                events.append(event)
-            return events
-
-    events = run(go())
+    events = run(synthesize_streamed(server.port, "Hello there. ... How are you today? I am fine."))
     assert "error" not in [e.type for e in events], [e.data for e in events if e.type == "error"]
     pcm, rate = pcm_of(events)
     heard = transcript_of(run(transcribe(server.port, pcm, rate=rate)))
