@@ -221,6 +221,23 @@ def test_a_clear_after_deltas_ends_the_item_with_what_was_sent() -> None:
     assert items == [("w0 w1", "w0 w1"), ("w3 w4", "w3 w4")]
 
 
+def test_after_a_clear_the_rest_of_the_utterance_still_streams_deltas() -> None:
+    """A clear in the middle of speech: the words after it that the engine holds stable are
+    streamed as the next item's deltas before the endpoint (they came all at once at its
+    end), and the item still adds up."""
+    pair = _pair(SERVER_VAD)
+    text, words = _utterance(3)
+    pair.engine(EnginePartial(text=text, words=words, stable=len("w0 w1")))
+    pair.client([_event("input_audio_buffer.clear")])
+    before = len(pair.events)
+    text, words = _utterance(5)
+    pair.engine(EnginePartial(text=text, words=words, stable=len("w0 w1 w2 w3")))
+    streamed = [e["delta"] for e in pair.events[before:] if e["type"].endswith(".delta")]
+    assert streamed == ["w3"]
+    pair.engine(EngineEndpoint(text=text, words=words))
+    assert list(pair.items().values()) == [("w0 w1", "w0 w1"), ("w3 w4", "w3 w4")]
+
+
 # -- the invariant, over any program -------------------------------------------------------
 
 ops = st.lists(

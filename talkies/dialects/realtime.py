@@ -862,23 +862,35 @@ class RealtimeTranslator:
 
     def _partial(self, event: dict[str, Any]) -> None:
         raw = str(event["text"])
-        text, words = self._after_cut(raw.strip(), _words(event.get("words")))
+        heard = _words(event.get("words"))
+        text, words = self._after_cut(raw.strip(), heard)
         self._hypothesis = (text, words)
         if self.config.turn_detection is None or self._awaiting_manual:
             return  # manual: items begin at commits (words before one awaited are its)
         if self._item is None and text:
             self._speech_started(words[0].start if words else self._segment_start)
         stable = event.get("stable")
-        if (
-            type(stable) is int
-            and self._item is not None
-            and self._cut_end is None
-            and not self._cut_count
-        ):
-            prefix = raw[:stable].strip()
-            if len(prefix) > len(self._sent) and prefix.startswith(self._sent):
+        if type(stable) is int and self._item is not None:
+            prefix = self._stable_prefix(raw, heard, stable)
+            if (
+                prefix is not None
+                and len(prefix) > len(self._sent)
+                and prefix.startswith(self._sent)
+            ):
                 self._delta(self._item, prefix[len(self._sent) :])
                 self._sent = prefix
+
+    def _stable_prefix(self, raw: str, heard: tuple[_Word, ...], stable: int) -> str | None:
+        """The text of the item that will not change: the engine's stable prefix, less the
+        words a clear dropped (by their times: the stable words, one per word of the text,
+        after the clear). None where it cannot be told (a clear without word times)."""
+        if self._cut_end is None and not self._cut_count:
+            return raw[:stable].strip()
+        if self._cut_end is None or len(heard) != len(raw.split()):
+            return None
+        count = len(raw[:stable].split())
+        end = self._cut_end
+        return " ".join(w.word for w in heard[:count] if (w.start + w.end) / 2 > end)
 
     def _new_item(self) -> tuple[str, str | None]:
         self._items += 1
