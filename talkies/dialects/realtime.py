@@ -504,8 +504,8 @@ class RealtimeTranslator:
         self._total = 0  # bytes of audio appended (less what a clear dropped before ready)
         self._buffer_from = 0  # of them, where the uncommitted buffer begins (commit, clear, item)
         self._pending_clear: float | None = None  # a clear behind unanswered commits (seconds)
-        self._awaiting: deque[str | None] = deque()  # each cut's item (manual) or None (VAD)
-        self._cut_at: deque[float] = deque()  # where each awaited cut is (seconds of audio)
+        # Each cut not answered yet: its item (manual) or None (VAD), and where it is (s).
+        self._awaiting: deque[tuple[str | None, float]] = deque()
         self._parts: list[str] = []  # manual: the engine's endpoints since the last commit
         self._commit_start = 0.0  # manual: where the next committed item's audio begins
         self._previous_of: dict[str, str | None] = {}  # manual: each awaited item's previous
@@ -724,16 +724,14 @@ class RealtimeTranslator:
         """Commit the buffer: a manual item now, transcribed when the cut answers; or (server
         VAD) the end of the open item, as a pause would end it."""
         self._buffer_from = self._total
-        # Where the cut is: the native answer's audio_seconds is all the session had taken by
-        # then, which may be more (appends after the commit, before its answer).
-        self._cut_at.append(self._total / (2 * INPUT_RATE))
+        item: str | None = None
         if manual:
             item, previous = self._new_item()
             self._previous_of[item] = previous
             self._emit_committed(item, previous)
-            self._awaiting.append(item)
-        else:
-            self._awaiting.append(None)
+        # Where the cut is: the native answer's audio_seconds is all the session had taken by
+        # then, which may be more (appends after the commit, before its answer).
+        self._awaiting.append((item, self._total / (2 * INPUT_RATE)))
         if not self.streaming:
             self._held.append(None)
             return []
@@ -958,8 +956,7 @@ class RealtimeTranslator:
     def _cut(self, event: dict[str, Any]) -> None:
         """The answer to a commit: a manual item's transcript, or (server VAD) the open
         item's end."""
-        item = self._awaiting.popleft() if self._awaiting else None
-        at = self._cut_at.popleft() if self._cut_at else None
+        item, at = self._awaiting.popleft() if self._awaiting else (None, None)
         if item is None:
             if not self._endpoint(event, at):
                 # A commit under server VAD with no words in it: an item all the same, with
@@ -983,7 +980,7 @@ class RealtimeTranslator:
 
     @property
     def _awaiting_manual(self) -> bool:
-        return any(item is not None for item in self._awaiting)
+        return any(item is not None for item, _ in self._awaiting)
 
     def _manual_endpoint(self, event: dict[str, Any], *, final: bool) -> None:
         """Manual commits: the engine's own endpoints wait for the next commit's item (the

@@ -144,7 +144,6 @@ class Transcriber:
     async def audio_start(self, event: WireEvent) -> None:
         if self.transcription is not None:
             raise Refusal(_INVALID, "audio-start during a transcription: send audio-stop first")
-        self.dropping = False
         await self._open(event)
 
     async def _open(self, event: WireEvent) -> None:

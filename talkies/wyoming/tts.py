@@ -106,7 +106,7 @@ class Synthesizer:
     @property
     def in_progress(self) -> bool:
         """A synthesis of either form is open (a graceful shutdown lets it finish)."""
-        return self.speaking or self.done is not None
+        return self.speaking or self.streaming_open
 
     def end(self) -> None:
         """The connection is over: a streaming synthesis left open (no ``synthesize-stop``:
