@@ -310,6 +310,7 @@ class _Sent:
     complete: bool  # its head and body arrived whole (or its head failed to parse)
     malformed: bool = False
     framed_twice: bool = False  # both Content-Length and Transfer-Encoding (RFC 9112 6.1)
+    oversized: bool = False  # a head over LIMITS.max_head_bytes
 
 
 @dataclass
@@ -340,7 +341,15 @@ def _requests(data: bytes) -> list[_Sent]:
         if isinstance(event, h11.Request):
             names = {name for name, _ in event.headers}
             twice = {b"content-length", b"transfer-encoding"} <= names
-            current = _Sent(bytes(event.method), bytes(event.target), False, framed_twice=twice)
+            size = len(event.method) + len(event.target) + 12
+            size += sum(len(k) + len(v) + 4 for k, v in event.headers)
+            current = _Sent(
+                bytes(event.method),
+                bytes(event.target),
+                False,
+                framed_twice=twice,
+                oversized=size > LIMITS.max_head_bytes,
+            )
             out.append(current)
         elif isinstance(event, h11.EndOfMessage):
             assert current is not None
@@ -477,7 +486,11 @@ def _check_responses(report: HttpReport) -> None:
             _check_error_shape(response, sent)
         if sent.malformed and (response.status < 400 or not response.closes):
             raise InvariantViolation(f"a malformed head answered {response.status}, kept open")
-        if sent.framed_twice and (response.status != 400 or not response.closes):
+        # Framed twice is refused as such (400), before the head's size and count; but a
+        # head over the size limit that arrives in more than one read is refused (431) by
+        # h11 before the server can see how it is framed. Either way it is refused and closed.
+        framed_refusals = {400, 431} if sent.oversized else {400}
+        if sent.framed_twice and (response.status not in framed_refusals or not response.closes):
             raise InvariantViolation(
                 f"a request framed twice answered {response.status}, closes={response.closes}"
             )

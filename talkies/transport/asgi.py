@@ -144,9 +144,10 @@ class TalkiesASGI:
         # The same head checks as the standalone server's; "connection: close" has the host
         # close the connection after the answer (RFC 9112 section 6.1 requires it for a
         # request framed two ways; the rest of such a body is never read).
+        # Framing first, as the standalone server checks: one answer to a smuggling attempt.
         for status, problem in (
-            (431, limits.head_problem(request)),
             (400, framing_problem(request)),
+            (431, limits.head_problem(request)),
         ):
             if problem is not None:
                 response = error_response(

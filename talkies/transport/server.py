@@ -294,13 +294,15 @@ class Server:
                 peer=peer,
                 upload_timeout=self.settings.upload_timeout,
             )
-            problem = limits.head_problem(app_request)
-            if problem is not None:
-                await self._reply_error(conn, stream, 431, problem, app_request)
-                return
+            # Framing first: a request framed two ways is refused as such (400) even when its
+            # head is also too large, so both hosts give the smuggling attempt one answer.
             problem = framing_problem(app_request)
             if problem is not None:
                 await self._reply_error(conn, stream, 400, problem, app_request)
+                return
+            problem = limits.head_problem(app_request)
+            if problem is not None:
+                await self._reply_error(conn, stream, 431, problem, app_request)
                 return
             if _is_upgrade(request):
                 check = upgrade_problem(request)

@@ -756,6 +756,20 @@ def http_length_and_chunked(target: Target) -> Facts:
     return {"status": [r.status for r in responses], "closed_s": closed}
 
 
+@runner("http-framed-twice-large-head", "both")
+def http_framed_twice_large_head(target: Target) -> Facts:
+    """Both framings and 120 headers (over the limit of 100), in one write: the smuggling
+    attempt is what is refused (400), whatever else is wrong with the head. (A head over the
+    byte limit cannot show this reliably: arriving in two reads, h11 refuses it as too large
+    before either host can see its framing.)"""
+    pads = [b"X-Pad-%d: a" % i for i in range(120)]
+    head = _head(b"POST", SPEECH, b"Content-Length: 4", b"Transfer-Encoding: chunked", *pads)
+    responses, closed = _exchange_all(_port(target), head + b"2\r\n{}\r\n0\r\n\r\n")
+    for response in responses:
+        _openai_error(response)
+    return {"status": [r.status for r in responses], "closed_s": closed}
+
+
 def _speech_case(target: Target, body: bytes, param: str | None) -> Facts:
     responses, _ = _exchange_all(
         _port(target), _speech_request(body, b"Content-Length: %d" % len(body))
