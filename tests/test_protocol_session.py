@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from talkies.protocol import (
@@ -19,6 +20,7 @@ from talkies.protocol import (
     Feed,
     Flush,
     Open,
+    Partial,
     PeerGone,
     Release,
     Send,
@@ -416,6 +418,16 @@ def test_word_validation() -> None:
     with pytest.raises(ValueError):
         Word(word="x", start=float("nan"), end=1)
     assert Word(word="x", start=0, end=1).to_dict() == {"word": "x", "start": 0.0, "end": 1.0}
+
+
+def test_word_times_go_on_the_wire_to_the_millisecond() -> None:
+    # An engine's sums and float32s (Whisper: window offset + word time; Vosk) are kept
+    # exact inside, and rounded where they become JSON, as the HTTP routes round them.
+    word = Word(word="x", start=2.3720000000000003, end=np.float32(2.48))
+    assert word.end != 2.48  # float32 noise, kept inside
+    assert word.to_dict() == {"word": "x", "start": 2.372, "end": 2.48}
+    event = Partial(revision=1, text="x", words=(word,), audio_seconds=2.5)
+    assert '"start":2.372,"end":2.48}' in event.to_json()
 
 
 def test_language_tags_are_limited_to_35_characters() -> None:
