@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -277,6 +277,56 @@ def test_finish_reuses_a_final_quality_decode_of_the_same_audio() -> None:
     decoder2 = ScriptedDecoder()
     rec2 = rolling(decoder2)
     assert rec2.finish().text == "" and decoder2.requests == []  # nothing heard, no decode
+
+
+@dataclass
+class EarlyBeamDecoder(ScriptedDecoder):
+    """A final (beam) decode that closes its segment ``short`` words early, the last word it
+    keeps stretched to the audio's end, as CTranslate2's beam search did on a 25 s utterance
+    (the greedy hypotheses hear every word). ``loop``: a greedy decode that repeats its last
+    word to its budget, as a greedy decode of repeated speech can."""
+
+    short: int = 2
+    loop: bool = False
+
+    def decode(self, audio: npt.NDArray[np.float32], request: DecodeRequest) -> Decoded:
+        decoded = super().decode(audio, request)
+        words = decoded.words
+        if request.final and len(words) > self.short:
+            kept = words[: -self.short]
+            stretched = replace(kept[-1], end=audio.size / SR)
+            return replace(decoded, words=(*kept[:-1], stretched))
+        if not request.final and self.loop and words:
+            last = words[-1]
+            return replace(decoded, words=words + (last,) * 30)
+        return decoded
+
+
+def test_a_final_that_ended_early_is_decoded_again_greedily() -> None:
+    decoder = EarlyBeamDecoder()
+    rec = rolling(decoder, window_seconds=10.0)
+    feed(rec, synthetic_speech(8), 3200)
+    assert decoder.final_decodes == 0  # no commit: the window holds it all
+    greedy = decoder.partial_decodes
+    assert rec.finish().text == expected_text(8)
+    assert decoder.final_decodes == 1 and decoder.partial_decodes == greedy + 1
+    # A commit's window likewise: its words are kept for good.
+    decoder = EarlyBeamDecoder()
+    rec = rolling(decoder, window_seconds=3.0, keep_seconds=0.5)
+    feed(rec, synthetic_speech(12), 3200)
+    assert decoder.final_decodes >= 1
+    assert rec.finish().text == expected_text(12)
+
+
+def test_a_final_one_word_short_or_a_looping_greedy_decode_keeps_the_beam() -> None:
+    decoder = EarlyBeamDecoder(short=1)  # a word either way: how beam and greedy differ
+    rec = rolling(decoder, window_seconds=10.0)
+    feed(rec, synthetic_speech(8), 3200)
+    assert rec.finish().text == expected_text(7)
+    decoder = EarlyBeamDecoder(loop=True)
+    rec = rolling(decoder, window_seconds=10.0)
+    feed(rec, synthetic_speech(8), 3200)
+    assert rec.finish().text == expected_text(6)  # the greedy one repeats: not taken
 
 
 def test_odd_byte_splits_do_not_shift_samples() -> None:

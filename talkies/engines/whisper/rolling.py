@@ -5,6 +5,7 @@ See the package docstring (:mod:`talkies.engines.whisper`) for the policy.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -26,6 +27,7 @@ __all__ = [
     "choose_cut",
     "drop_repeated_start",
     "language_to_lock",
+    "loops",
     "pcm_samples",
     "stable_length",
     "transcript_text",
@@ -121,6 +123,19 @@ def transcript_words(
         Word(word=w.text, start=w.start, end=w.end, confidence=w.probability)
         for w in (*committed, *tail)
     )
+
+
+# Words more that the last hypothesis heard than a final decode of the same audio, for the
+# final decode to be taken as ended early (WhisperRecognition._final_decode).
+_ENDED_EARLY = 2
+_LOOP_RATIO = 2.4  # a decode's text compresses this well when it loops (loops())
+
+
+def loops(text: str) -> bool:
+    """Whether ``text`` repeats itself as a decode that loops does: Whisper's check, a gzip
+    compression ratio over 2.4 (openai-whisper's ``compression_ratio_threshold``)."""
+    data = text.encode("utf-8")
+    return bool(data) and len(data) / len(zlib.compress(data)) > _LOOP_RATIO
 
 
 def choose_cut(words: Sequence[DecodedWord], window: float, keep: float) -> tuple[float, int]:
@@ -249,7 +264,7 @@ class WhisperRecognition:
         if self._audio.size >= MIN_DECODE_SAMPLES and not (
             self._tail.final and self._tail.covers == self._audio.size
         ):
-            tail = self._decode(self._audio, timestamps=self.word_timestamps, final=True)
+            tail = self._final_decode(self._audio, self.word_timestamps, self._tail.words)
         elif self._audio.size < MIN_DECODE_SAMPLES:
             tail = ()
         return EngineFinal(text=self._text(tail), words=self._words(tail))
@@ -293,11 +308,40 @@ class WhisperRecognition:
         words = tuple(w.shifted(seconds) for w in decoded.words)
         return drop_repeated_start(self._committed, words)
 
+    def _final_decode(
+        self,
+        audio: npt.NDArray[np.float32],
+        timestamps: bool,
+        heard: Sequence[DecodedWord],
+    ) -> tuple[DecodedWord, ...]:
+        """A final-quality decode of ``audio`` (a commit's window, or the utterance's end),
+        where ``heard`` are the last hypothesis's words of the same audio.
+
+        Beam search (CTranslate2's ``final_beam_size``) can close its segment and end before
+        the audio does, the last word it kept stretched to the end: a 25 s utterance's final
+        ended "... more respectable than" where every hypothesis and the file route heard
+        "... than he was." When the hypothesis heard at least two words more, the audio is
+        decoded again greedily, as the hypotheses are, and that is kept if it too heard at
+        least two words more than the beam (a word or so either way is how beam and greedy
+        decodes differ, and the beam's is kept then) and its words beyond the beam's do not
+        loop: a greedy decode of repeated speech can go on repeating it to the end of its
+        token budget, which Whisper's own check (a gzip compression ratio over 2.4, as
+        openai-whisper and faster-whisper use it) tells."""
+        words = self._decode(audio, timestamps=timestamps, final=True)
+        if len(heard) >= len(words) + _ENDED_EARLY:
+            greedy = self._decode(audio, timestamps=timestamps, final=False)
+            extra = " ".join(w.text for w in greedy[len(words) :])
+            if len(greedy) >= len(words) + _ENDED_EARLY and not loops(extra):
+                return greedy
+        return words
+
     def _commit(self) -> None:
         span = commit_samples(self.config, n_audio_ctx=self.n_audio_ctx)
         window = self._audio[:span]
         start = self._offset / SAMPLE_RATE
-        words = self._decode(window, timestamps=True, final=True)
+        end = (self._offset + window.size) / SAMPLE_RATE
+        heard = [w for w in self._tail.words if w.start < end]
+        words = self._final_decode(window, True, heard)
         relative = [w.shifted(-start) for w in words]
         cut_seconds, count = choose_cut(
             relative, window.size / SAMPLE_RATE, self.config.keep_seconds
