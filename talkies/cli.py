@@ -101,6 +101,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     imp.add_argument("directory", type=Path)
     imp.add_argument("--slug", required=True)
+    imp.add_argument(
+        "--replace", action="store_true", help="replace a model imported before under this slug"
+    )
     return parser
 
 
@@ -216,7 +219,11 @@ def _models(args: argparse.Namespace, settings: Settings) -> int:
 
         try:
             entry = import_ct2(
-                args.directory, args.slug, settings.data_dir, local_registry_path(settings)
+                args.directory,
+                args.slug,
+                settings.data_dir,
+                local_registry_path(settings),
+                replace=args.replace,
             )
         except ImportProblem as exc:
             raise _Problem(str(exc)) from None

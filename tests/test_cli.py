@@ -256,11 +256,22 @@ def test_import_ct2_problems_are_one_line_and_leave_nothing(tmp_path: Path) -> N
     (tmp_path / "notct2").mkdir()
     (tmp_path / "notct2" / "model.bin").write_bytes(b"not a CTranslate2 file")
     (tmp_path / "notct2" / "vocabulary.txt").write_text("a\n")
+    # Folders an import must not replace: a model's own (imported before), and the source
+    # itself inside the target (found by a review: the import deleted its own input).
+    taken = data / "models" / "taken"
+    taken.mkdir(parents=True)
+    (taken / "model.bin").write_bytes(b"kept")
+    inside = data / "models" / "inside"
+    inside.mkdir()
+    (inside / "model.bin").write_bytes(b"kept")
     cases = {
         ("missing", "ok"): "is not a folder",
         ("junk", "ok"): "parts of model.bin are [2]",
         ("notct2", "ok"): "not a CTranslate2 Whisper model",
         ("junk", "../bad slug"): "invalid slug",
+        ("junk", "whisper-base-en"): "whisper-base-en is a built-in model",
+        ("junk", "taken"): "exists: pass --replace",
+        ("data/models/inside", "inside"): "which the import replaces",
     }
     for (folder, slug), message in cases.items():
         result = _talkies(
@@ -272,8 +283,22 @@ def test_import_ct2_problems_are_one_line_and_leave_nothing(tmp_path: Path) -> N
             TALKIES_DATA_DIR=str(data),
         )
         assert message in _one_line(result), result.stderr
-    assert not (data / "models").exists() or list((data / "models").iterdir()) == []
+    assert sorted(p.name for p in (data / "models").iterdir()) == ["inside", "taken"]
+    assert [p.read_bytes() for p in (taken / "model.bin", inside / "model.bin")] == [b"kept"] * 2
     assert not (data / "models.json").exists()
+
+
+def test_a_misspelt_slug_in_model_concurrency_stops_with_the_variable_named(
+    tmp_path: Path,
+) -> None:
+    result = _talkies(
+        "models",
+        "list",
+        TALKIES_DATA_DIR=str(tmp_path),
+        TALKIES_MODEL_CONCURRENCY="whisper-base-enn=2",
+    )
+    assert result.returncode != 0
+    assert "TALKIES_MODEL_CONCURRENCY names unknown models: whisper-base-enn" in _one_line(result)
 
 
 def test_sighup_rereads_the_models_file(tmp_path: Path) -> None:

@@ -55,21 +55,36 @@ def _checkpoint_folder(source: Path, scratch: Path) -> Path:
     return scratch
 
 
-def import_ct2(source: Path, slug: str, data_dir: Path, registry_file: Path) -> ModelEntry:
+def import_ct2(
+    source: Path, slug: str, data_dir: Path, registry_file: Path, *, replace: bool = False
+) -> ModelEntry:
     """Convert ``source`` into ``<data_dir>/models/<slug>/model.bin`` (ggml) and add a
     ``whisper`` entry for it to ``registry_file`` (created if missing), atomically.
 
     Raises :class:`ImportProblem` for a bad slug or folder, a checkpoint that is not a
-    CTranslate2 Whisper model, or a data directory that cannot be written.
+    CTranslate2 Whisper model, or a data directory that cannot be written; for a built-in
+    model's slug (its files would be replaced by the import's); for a source inside the
+    target folder (which the import replaces: its own input); and for a slug whose folder
+    exists, unless ``replace`` (a model imported again).
     """
     from ..whisper.ct2ggml import Ct2FormatError, convert
+    from .builtin import BUILTIN_MODELS
 
     if MODEL_SLUG.fullmatch(slug) is None:
         raise ImportProblem(f"invalid slug {slug!r}: use 1-128 of A-Z a-z 0-9 . _ -")
     if not source.is_dir():
         raise ImportProblem(f"{source} is not a folder")
+    if slug in BUILTIN_MODELS:
+        raise ImportProblem(f"{slug} is a built-in model: import under another --slug")
     models = data_dir / "models"
     target = models / slug
+    if source.resolve().is_relative_to(target.resolve()):
+        raise ImportProblem(
+            f"{source} is inside {target}, which the import replaces: copy it elsewhere first "
+            "or import under another --slug"
+        )
+    if target.exists() and not replace:
+        raise ImportProblem(f"{target} exists: pass --replace to import {slug} again")
     try:
         models.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=models, prefix=f".{slug}.import."))

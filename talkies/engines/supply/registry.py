@@ -161,6 +161,12 @@ def build_registry(settings: Settings) -> dict[str, ModelEntry]:
         models.update(load_models_file(local))
     if settings.models_file is not None:
         models.update(load_models_file(settings.models_file))
+    unknown = [s for s in settings.model_concurrency if s not in models]
+    if unknown:
+        # A misspelt slug would otherwise leave the model it meant at the default, silently.
+        raise RegistryError(
+            [f"TALKIES_MODEL_CONCURRENCY names unknown models: {', '.join(sorted(unknown))}"]
+        )
     if settings.enabled_models is not None:
         unknown = [s for s in settings.enabled_models if s not in models]
         if unknown:
