@@ -321,9 +321,15 @@ def _client(args: argparse.Namespace, settings: Settings) -> int:
             )
             if done:
                 sys.stderr.write(done + "\n")
+    except client.Interrupted as exc:
+        sys.stderr.write(f"talkies: {exc}\n")
+        return 130
     except client.ClientError as exc:
         sys.stderr.write(f"talkies: {exc}\n")
         return 1
+    except KeyboardInterrupt:  # Ctrl-C outside a stream (reading, synthesizing)
+        sys.stderr.write("talkies: interrupted\n")
+        return 130
     return 0
 
 

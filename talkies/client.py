@@ -13,16 +13,17 @@ endpoint, then the final) above it; ``--json`` prints the raw events instead, on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["ClientError", "speak", "stream", "transcribe"]
+__all__ = ["ClientError", "Interrupted", "speak", "stream", "transcribe"]
 
 FRAME_BYTES = 640  # 20 ms of 16 kHz PCM16 (spec: "Minimal Python file client")
 STREAM_PATH = "/v1/audio/transcriptions/stream"
@@ -32,35 +33,99 @@ class ClientError(Exception):
     """What the user should read; the CLI prints it and exits 1."""
 
 
+class Interrupted(ClientError):
+    """Ctrl-C: the stream was canceled (the server told so); the CLI exits 130."""
+
+
 def _headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
+def _base_url(url: str) -> str:
+    """``--url`` without its trailing slash; only http(s) URLs are a server's."""
+    if not url.startswith(("http://", "https://")):
+        raise ClientError(f"--url must start with http:// or https:// (got {url!r})")
+    return url.rstrip("/")
+
+
 def _ws_url(url: str) -> str:
-    base = url.rstrip("/")
+    base = _base_url(url)
     if base.startswith("https://"):
         return "wss://" + base[len("https://") :] + STREAM_PATH
-    if base.startswith("http://"):
-        return "ws://" + base[len("http://") :] + STREAM_PATH
-    return base + STREAM_PATH
+    return "ws://" + base[len("http://") :] + STREAM_PATH
 
 
-def decode_pcm(source: str) -> bytes:
-    """Any audio ffmpeg can read (``-``: standard input) as 16 kHz mono s16le."""
+def _ffmpeg_args(source: str) -> list[str]:
     ffmpeg = shutil.which("ffmpeg")
     if ffmpeg is None:
         raise ClientError("ffmpeg is needed to read audio (apt-get install ffmpeg)")
     if source != "-" and not Path(source).is_file():
         raise ClientError(f"{source}: no such file")
     args = [ffmpeg, "-hide_banner", "-loglevel", "error"]
-    args += ["-i", "pipe:0"] if source == "-" else ["-nostdin", "-i", source]
-    args += ["-f", "s16le", "-acodec", "pcm_s16le", "-ar", "16000", "-ac", "1", "pipe:1"]
+    if source == "-":
+        # A live pipe: the format is told from its first 4 KiB, not 5 s of it (ffmpeg's
+        # probe otherwise holds back the audio until then, or until the input ends), and
+        # each decoded packet is written out at once.
+        args += ["-probesize", "4096", "-analyzeduration", "0", "-i", "pipe:0"]
+        args += ["-flush_packets", "1"]
+    else:
+        args += ["-nostdin", "-i", source]
+    return [*args, "-f", "s16le", "-acodec", "pcm_s16le", "-ar", "16000", "-ac", "1", "pipe:1"]
+
+
+def _unreadable(source: str, stderr: bytes) -> ClientError:
+    reason = stderr.decode("utf-8", "replace").strip().splitlines()
+    return ClientError(f"{source}: not audio ffmpeg can read ({reason[-1] if reason else ''})")
+
+
+def decode_pcm(source: str) -> bytes:
+    """Any audio ffmpeg can read (``-``: standard input) as 16 kHz mono s16le."""
+    args = _ffmpeg_args(source)
     stdin = sys.stdin.buffer if source == "-" else subprocess.DEVNULL
     result = subprocess.run(args, stdin=stdin, capture_output=True, check=False)
     if result.returncode != 0:
-        reason = result.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise ClientError(f"{source}: not audio ffmpeg can read ({reason[-1] if reason else ''})")
+        raise _unreadable(source, result.stderr)
     return result.stdout
+
+
+class _Decoding:
+    """Standard input decoded by ffmpeg as it arrives (a live pipe: a microphone), read a
+    frame's worth at a time in a worker thread, so the stream starts before the input ends."""
+
+    def __init__(self) -> None:
+        self._process = subprocess.Popen(
+            _ffmpeg_args("-"),
+            stdin=sys.stdin.buffer,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        out = self._process.stdout
+        assert out is not None
+        while True:
+            chunk = await asyncio.to_thread(out.read, FRAME_BYTES)
+            if not chunk:
+                break
+            yield chunk
+        err = self._process.stderr
+        assert err is not None
+        stderr = await asyncio.to_thread(err.read)
+        if await asyncio.to_thread(self._process.wait) != 0:
+            raise _unreadable("-", stderr)
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            self._process.kill()
+        self._process.wait()
+        for pipe in (self._process.stdout, self._process.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+async def _frames_of(pcm: bytes) -> AsyncIterator[bytes]:
+    for offset in range(0, len(pcm), FRAME_BYTES):
+        yield pcm[offset : offset + FRAME_BYTES]
 
 
 # -- stream --------------------------------------------------------------------------------------
@@ -70,16 +135,20 @@ class _Display:
     """Committed lines printed as they come; on a terminal, the partial and a progress bar
     rewritten in place (tqdm) below them."""
 
-    def __init__(self, out: IO[str], total_seconds: float, *, live: bool) -> None:
+    def __init__(self, out: IO[str], total_seconds: float | None, *, live: bool) -> None:
         self._out = out
         self._bar: Any = None
         if live:
             from tqdm import tqdm  # type: ignore[import-untyped]
 
             self._bar = tqdm(
-                total=round(total_seconds, 2),
+                total=round(total_seconds, 2) if total_seconds is not None else None,
                 unit="s",
-                bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} s",
+                bar_format=(
+                    "{l_bar}{bar}| {n:.1f}/{total:.1f} s"
+                    if total_seconds is not None
+                    else "{desc} {n:.1f} s"
+                ),
                 file=out,
                 leave=False,
                 # A terminal that reports no size (a bare pty) gets 80x24, not 0x0 (tqdm
@@ -90,7 +159,8 @@ class _Display:
 
     def progress(self, seconds: float) -> None:
         if self._bar is not None:
-            self._bar.n = round(min(seconds, self._bar.total), 2)
+            total = self._bar.total
+            self._bar.n = round(min(seconds, total) if total is not None else seconds, 2)
             self._bar.refresh()
 
     def partial(self, text: str) -> None:
@@ -114,7 +184,7 @@ class _Display:
 
 async def _stream(
     url: str,
-    pcm: bytes,
+    audio: AsyncIterator[bytes],
     *,
     model: str,
     language: str | None,
@@ -137,17 +207,29 @@ async def _stream(
         start["language"] = language
     closed: ConnectionClosed | None = None
     async with connect(_ws_url(url), additional_headers=_headers(token), max_size=None) as ws:
+        failure: ClientError | None = None
 
         async def send_audio() -> None:
+            nonlocal failure
             began = time.monotonic()
-            for index, offset in enumerate(range(0, len(pcm), FRAME_BYTES)):
-                await ws.send(pcm[offset : offset + FRAME_BYTES])
-                progress((offset + FRAME_BYTES) / 32000)
-                if not fast:  # paced against the clock, so pauses do not add up
-                    await asyncio.sleep(max(0.0, began + (index + 1) * 0.02 - time.monotonic()))
+            sent = 0
+            index = 0
+            try:
+                async for frame in audio:
+                    await ws.send(frame)
+                    sent += len(frame)
+                    index += 1
+                    progress(sent / 32000)
+                    if not fast:  # paced against the clock, so pauses do not add up
+                        await asyncio.sleep(max(0.0, began + index * 0.02 - time.monotonic()))
+            except ClientError as exc:  # the input could not be read: the stream is canceled
+                failure = exc
+                await ws.send(json.dumps({"type": "cancel"}))
+                return
             await ws.send(json.dumps({"type": "end"}))
 
         sender = None
+        interrupted = False
         try:
             # A refusal (4401 for a missing token, 4404, 4429, ...) may close the stream
             # before anything is sent: that is an answer, not a crash.
@@ -160,11 +242,25 @@ async def _stream(
                 emit(json.loads(message))
         except ConnectionClosed as exc:
             closed = exc
+        except asyncio.CancelledError:
+            # Ctrl-C (asyncio.run cancels this task): the stream is canceled, as the spec's
+            # cancel does, and the server's stats read, rather than the connection dropped.
+            interrupted = True
         if sender is not None:
             sender.cancel()
             await asyncio.gather(sender, return_exceptions=True)
+        if interrupted:
+            with contextlib.suppress(ConnectionClosed, TimeoutError):
+                await ws.send(json.dumps({"type": "cancel"}))
+                async with asyncio.timeout(5):
+                    async for message in ws:
+                        emit(json.loads(message))
         code = ws.close_code
         reason = ws.close_reason
+    if failure is not None:
+        raise failure
+    if interrupted:
+        raise Interrupted("canceled")
     if code != 1000:
         raise ClientError(f"{code}: {reason or closed}")
 
@@ -180,8 +276,16 @@ def stream(
     as_json: bool,
     out: IO[str],
 ) -> None:
-    pcm = decode_pcm(source)
-    display = _Display(out, len(pcm) / 32000, live=not as_json and out.isatty())
+    base = _base_url(url)
+    decoding: _Decoding | None = None
+    if source == "-":
+        _ffmpeg_args(source)  # ffmpeg is there
+        decoding = _Decoding()
+        audio, total = decoding.chunks(), None
+    else:
+        pcm = decode_pcm(source)
+        audio, total = _frames_of(pcm), len(pcm) / 32000
+    display = _Display(out, total, live=not as_json and out.isatty())
     errors: list[str] = []
 
     def emit(event: dict[str, Any]) -> None:
@@ -200,8 +304,8 @@ def stream(
     try:
         asyncio.run(
             _stream(
-                url,
-                pcm,
+                base,
+                audio,
                 model=model,
                 language=language,
                 token=token,
@@ -212,10 +316,16 @@ def stream(
         )
     except OSError as exc:
         raise ClientError(f"cannot reach {url}: {exc}") from None
+    except Interrupted:
+        raise
     except ClientError as exc:
         raise ClientError(errors[-1] if errors else str(exc)) from None
+    except KeyboardInterrupt:
+        raise Interrupted("canceled") from None
     finally:
         display.close()
+        if decoding is not None:
+            decoding.close()
 
 
 # -- HTTP routes -----------------------------------------------------------------------------
@@ -241,6 +351,7 @@ def transcribe(
 ) -> None:
     import httpx
 
+    base = _base_url(url)
     path = Path(source)
     if not path.is_file():
         raise ClientError(f"{source}: no such file")
@@ -250,7 +361,7 @@ def transcribe(
     try:
         with path.open("rb") as audio:
             response = httpx.post(
-                url.rstrip("/") + "/v1/audio/transcriptions",
+                base + "/v1/audio/transcriptions",
                 data=data,
                 files={"file": (path.name, audio)},
                 headers=_headers(token),
@@ -277,11 +388,18 @@ def speak(
     Returns what happened, for the CLI to print."""
     import httpx
 
+    base = _base_url(url)
     body = {"model": model, "input": text, "voice": voice, "response_format": response_format}
+    handle: IO[bytes] | None = None
+    if output is not None and output != "-":
+        try:  # before the synthesis: a path that cannot be written is said at once
+            handle = open(output, "wb")  # noqa: SIM115 (closed below, whatever happens)
+        except OSError as exc:
+            raise ClientError(f"cannot write {output}: {exc.strerror or exc}") from None
     try:
         with httpx.stream(
             "POST",
-            url.rstrip("/") + "/v1/audio/speech",
+            base + "/v1/audio/speech",
             json=body,
             headers=_headers(token),
             timeout=None,
@@ -294,15 +412,17 @@ def speak(
                     sys.stdout.buffer.write(chunk)
                 sys.stdout.buffer.flush()
                 return ""
-            if output is not None:
-                with open(output, "wb") as handle:
-                    for chunk in response.iter_bytes():
-                        handle.write(chunk)
+            if handle is not None:
+                for chunk in response.iter_bytes():
+                    handle.write(chunk)
                 return f"wrote {output}"
             rate = response.headers.get("x-sample-rate", "24000")
             return _play(response.iter_bytes(), response_format, rate)
     except httpx.HTTPError as exc:
         raise ClientError(f"cannot reach {url}: {exc}") from None
+    finally:
+        if handle is not None:
+            handle.close()
 
 
 def _play(chunks: Any, response_format: str, rate: str) -> str:
@@ -312,12 +432,25 @@ def _play(chunks: Any, response_format: str, rate: str) -> str:
     args = [player, "-nodisp", "-autoexit", "-loglevel", "error"]
     if response_format == "pcm":
         args += ["-f", "s16le", "-ar", rate, "-ch_layout", "mono"]
-    process = subprocess.Popen([*args, "-i", "pipe:0"], stdin=subprocess.PIPE)
-    assert process.stdin is not None
+    process = subprocess.Popen(
+        [*args, "-i", "pipe:0"], stdin=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert process.stdin is not None and process.stderr is not None
+    gone = False
     try:
         for chunk in chunks:
             process.stdin.write(chunk)
+    except BrokenPipeError:
+        gone = True  # the player quit before the audio ended
     finally:
-        process.stdin.close()
+        with contextlib.suppress(BrokenPipeError):
+            process.stdin.close()
+        said = process.stderr.read().decode("utf-8", "replace").strip()
+        process.stderr.close()
         process.wait()
+    # ffplay exits 0 even when it could not open an audio device ("audio open failed"):
+    # what it says at -loglevel error, or its leaving early, is the failure.
+    if gone or said or process.returncode != 0:
+        reason = said.splitlines()[-1] if said else f"ffplay exited {process.returncode}"
+        raise ClientError(f"could not play the audio ({reason}): write it to a file with -o FILE")
     return "played"

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import pty
+import select
+import signal
 import subprocess
 import sys
 import time
@@ -136,3 +138,103 @@ def test_speak_writes_a_file(running: str, tmp_path: Path) -> None:
         assert w.getframerate() == 24000 and w.getnframes() > 12000
     refused = _talkies("speak", "Hello.", "--url", running, "--voice", "nobody", "-o", str(out))
     assert refused.returncode == 1 and b"unknown voice" in refused.stderr
+
+
+def test_stream_from_a_live_pipe_starts_before_the_input_ends(
+    running: str, recording: Path
+) -> None:
+    """`talkies stream -` streams what arrives (a microphone piped in), not the whole input
+    once it ends: the transcript comes while the pipe is still open (a review found ffmpeg's
+    5 s probe and the client's read-to-the-end holding it all back)."""
+    wav = subprocess.run(
+        ["ffmpeg", "-loglevel", "error", "-i", str(recording), "-f", "wav", "pipe:1"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "talkies", "stream", "-", "--url", running, "--json"],
+        env=_env(TALKIES_AUTH_TOKEN=TOKEN),
+        bufsize=0,  # unbuffered: select() on the pipe sees every line not yet read
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(wav)
+        proc.stdin.flush()  # and the pipe stays open
+        seen: list[dict[str, object]] = []
+        deadline = time.monotonic() + 30
+        while not any(e["type"] == "partial" and e["text"] for e in seen):
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, left))
+            assert ready, f"nothing streamed in 30 s with the pipe open: {seen}"
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read() if proc.stderr else b""
+            seen.append(json.loads(line))
+        assert proc.poll() is None  # still streaming: the input has not ended
+    finally:
+        proc.stdin.close()
+    assert proc.wait(timeout=60) == 0, proc.stderr.read() if proc.stderr else b""
+    out = proc.stdout.read()
+    events = [json.loads(line) for line in out.decode().splitlines()]
+    assert [e["type"] for e in events[-2:]] == ["final", "stats"]
+    assert normalize_words(str(events[-2]["text"])) == GOFORWARD
+
+
+def test_ctrl_c_cancels_the_stream_and_exits_130(running: str, tmp_path: Path) -> None:
+    """Ctrl-C while streaming sends the spec's cancel (the server's stats say canceled) and
+    exits 130 with one line, not a traceback and a dropped connection."""
+    raw = (POCKETSPHINX_DATA / "goforward.raw").read_bytes()
+    long = tmp_path / "long.wav"
+    with wave.open(str(long), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(raw * 8)  # 22 s, paced in real time
+    code = (
+        "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from talkies.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "stream", str(long), "--url", running, "--json"],
+        env=_env(TALKIES_AUTH_TOKEN=TOKEN),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    assert json.loads(proc.stdout.readline())["type"] == "ready"
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert err == b"talkies: canceled\n"
+    last = json.loads(out.decode().splitlines()[-1])
+    assert last["type"] == "stats" and last["canceled"] is True
+
+
+def test_client_problems_are_one_line(running: str, recording: Path, tmp_path: Path) -> None:
+    """A URL that is not http(s), an output that cannot be written, audio that cannot be
+    played, standard input that is not audio: one line each, exit 1 (a review found
+    tracebacks for each, and "played" for audio that never played)."""
+    cases = [
+        ("stream", str(recording), "--url", running.removeprefix("http://")),
+        ("transcribe", str(recording), "--url", "ftp://127.0.0.1"),
+        ("speak", "Hello.", "--url", running, "-o", str(tmp_path / "no" / "such" / "x.wav")),
+        ("speak", "Hello there. " * 30, "--url", running),  # played: no audio device here
+    ]
+    env = {"SDL_AUDIODRIVER": "no-such-driver"}  # ffplay cannot open an audio device
+    for args in cases:
+        result = subprocess.run(
+            [sys.executable, "-m", "talkies", *args],
+            env=_env(TALKIES_AUTH_TOKEN=TOKEN, **env),
+            capture_output=True,
+            timeout=120,
+        )
+        assert result.returncode == 1, (args, result.stderr)
+        lines = result.stderr.decode().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("talkies: "), (args, result.stderr)
+    assert b"--url must start with http://" in _talkies("stream", "x", "--url", "x").stderr
+    notaudio = _talkies("stream", "-", "--url", running, stdin=b"not audio at all")
+    assert notaudio.returncode == 1
+    assert notaudio.stderr.startswith(b"talkies: -: not audio ffmpeg can read"), notaudio.stderr
