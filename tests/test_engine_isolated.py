@@ -167,6 +167,70 @@ def test_a_cancelled_file_transcription_stops_in_the_child(korean: bytes) -> Non
         model.close()
 
 
+class _Left(BaseException):
+    """What a departing client's cancellation looks like to a worker thread: asyncio's
+    CancelledError is a BaseException, which an engine's ``except Exception`` passes by."""
+
+
+def test_a_transcription_interrupted_by_a_base_exception_leaves_the_next_call_whole(
+    korean: bytes,
+) -> None:
+    """A review found a client leaving a file transcription as it began put the thread's
+    connection to the engine process out of step for good: each later call on it read the
+    answer of the call before (an empty transcript, "unknown request 'end'", a stream's open
+    answered with a Transcript)."""
+    model = load_isolated(ENTRY, ROOT, "cpu")
+    try:
+        audio = korean[: 32000 * 3]
+        request = TranscriptionRequest(cancel=threading.Event())
+        expected = model.transcribe(audio, request).text  # type: ignore[attr-defined]
+        assert expected
+
+        def leaving() -> Iterator[bytes]:
+            yield audio[:FRAME]
+            raise _Left
+
+        for _ in range(3):
+            with pytest.raises(_Left):
+                model.transcribe(leaving(), request)  # type: ignore[attr-defined]
+            # The same thread's next calls get their own answers.
+            # (Vosk differs a little call by call: the same words, mostly.)
+            again = model.transcribe(audio, request).text  # type: ignore[attr-defined]
+            assert again and _similar(again.split(), expected.split()), (again, expected)
+            rec = model.recognition(StartOptions(model="vosk-ko"))
+            rec.accept(audio[:FRAME])
+            rec.close()
+        assert model.alive
+    finally:
+        model.close()
+
+
+def test_a_cancelled_callers_pcm_channel_raises_transcription_cancelled() -> None:
+    """The worker thread's side of a file's PCM: the caller's cancellation (the client left)
+    reaches ``anyio.from_thread.run`` as asyncio's CancelledError; the engine sees
+    TranscriptionCancelled, an Exception it handles, instead."""
+    from talkies.app.transcribe import PcmChannel
+    from talkies.engines.base import TranscriptionCancelled
+
+    seen: list[BaseException] = []
+
+    def engine(channel: PcmChannel) -> None:
+        try:
+            for _ in channel:
+                pass
+        except BaseException as exc:  # what the engine would have to handle
+            seen.append(exc)
+
+    async def main() -> None:
+        channel = PcmChannel()
+        with anyio.move_on_after(0.3):  # the client leaves while the engine waits for audio
+            await channel.put(b"\0\0" * 100)
+            await anyio.to_thread.run_sync(engine, channel, abandon_on_cancel=False)
+
+    anyio.run(main)
+    assert len(seen) == 1 and isinstance(seen[0], TranscriptionCancelled), seen
+
+
 def test_a_failed_load_is_unavailable_with_the_reason(tmp_path: Path) -> None:
     from talkies.engines.base import EngineUnavailable
 

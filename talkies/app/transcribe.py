@@ -124,7 +124,17 @@ class PcmChannel:
     def __iter__(self) -> Iterator[bytes]:
         """The engine's side: blocking, from a worker thread started by anyio."""
         while True:
-            chunk = anyio.from_thread.run(self._take)
+            try:
+                chunk = anyio.from_thread.run(self._take)
+            except Exception:
+                raise
+            except BaseException as exc:
+                # anyio runs _take in the caller's cancel scope: a client that left cancels
+                # it, and the cancellation (asyncio's CancelledError, a BaseException) would
+                # pass by an engine's ``except Exception`` and leave it mid-call.
+                if isinstance(exc, KeyboardInterrupt | SystemExit):
+                    raise
+                raise TranscriptionCancelled("the transcription was canceled") from None
             if chunk is None:
                 if self._complete:
                     return

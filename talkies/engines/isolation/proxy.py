@@ -246,6 +246,11 @@ class _EngineProcess:
         except (EOFError, OSError):
             conn.close()
             raise self._crashed() from None
+        except BaseException:
+            # Interrupted between the request and its answer: the answer would be read as
+            # the next call's. The connection goes (the next call makes a new one).
+            conn.close()
+            raise
         return value_of(reply)
 
     def call(self, *message: Any, timeout: float | None = None) -> Any:
@@ -354,6 +359,13 @@ class IsolatedFileModel(IsolatedModel):
         except (EOFError, OSError):
             conn.close()
             raise self._crashed() from None
+        except BaseException:
+            # Anything else that ends the exchange early (a cancellation the audio source
+            # raised past ``except Exception``) leaves the child mid-call on this
+            # connection, whose next call would read this one's answer: it goes, and the
+            # child, seeing it close, stops the call.
+            conn.close()
+            raise
         finally:
             done.set()
         if stopped is not None:
