@@ -10,7 +10,9 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -215,3 +217,61 @@ def test_uvicorn_factory_serves_the_configured_registry(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+# -- a client that stops reading (a review: uvicorn held its stream slot, and a speech
+# response its model slot, for as long as such a client stayed connected) -----------------
+
+
+def test_a_websocket_send_the_host_never_takes_ends_the_channel() -> None:
+    from talkies.transport.asgi import _AsgiChannel
+
+    sent: list[str] = []
+
+    async def receive() -> dict[str, object]:
+        await anyio.sleep_forever()
+        raise AssertionError
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(str(message["type"]))
+        await anyio.sleep_forever()  # a host whose write buffer never drains
+
+    async def main() -> float:
+        channel = _AsgiChannel(receive, send, send_timeout=0.2)
+        began = time.monotonic()
+        await channel.send_text("x" * 1000)
+        await channel.send_text("y")  # gone: not tried
+        await channel.close(1000, "")  # nor the close frame, which would wait too
+        return time.monotonic() - began
+
+    took = anyio.run(main)
+    assert sent == ["websocket.send"]
+    assert 0.2 <= took < 2.0
+
+
+def test_a_response_the_host_never_takes_is_abandoned_and_its_body_closed() -> None:
+    from talkies.app.asgi import send_response
+    from talkies.app.http import Request, Response
+
+    closed: list[bool] = []
+
+    async def chunks() -> Any:
+        try:
+            while True:
+                yield b"\0" * 4096
+        finally:
+            closed.append(True)  # what lets a speech response's model go
+
+    async def send(message: dict[str, object]) -> None:
+        if message["type"] == "http.response.body":
+            await anyio.sleep_forever()
+
+    async def main() -> float:
+        request = Request(method="POST", path="/v1/audio/speech", query="", headers=[])
+        began = time.monotonic()
+        await send_response(send, request, Response(status=200, body=chunks()), send_timeout=0.2)
+        return time.monotonic() - began
+
+    took = anyio.run(main)
+    assert closed == [True]
+    assert 0.2 <= took < 2.0

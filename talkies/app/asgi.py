@@ -13,6 +13,7 @@ The field mapping lives here once, each direction beside its reverse.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import unquote
@@ -20,6 +21,8 @@ from urllib.parse import unquote
 import anyio
 
 from .http import Body, ClientGone, Headers, Request, Response, UploadDeadline
+
+log = logging.getLogger("talkies.app")
 
 __all__ = [
     "Asgi",
@@ -108,26 +111,44 @@ def request_from_scope(
     )
 
 
-async def send_response(send: Send, request: Request, response: Response) -> None:
+async def send_response(
+    send: Send, request: Request, response: Response, *, send_timeout: float | None = None
+) -> None:
     """Send ``response`` as ``http.response.*`` messages; a streamed body goes out chunk by
-    chunk, and its iterator is closed however the sending ends."""
+    chunk, and its iterator is closed however the sending ends.
+
+    ``send_timeout``: the longest one message may wait for the host to take it (a host's
+    send waits while its write buffer is full: a client that stops reading). Past it the
+    response is abandoned as if the client had gone, so a streamed body lets go of its
+    model; the standalone server bounds its sends the same way."""
     headers = list(response.headers)
     body = response.body
     if isinstance(body, bytes) and not any(k == b"content-length" for k, _ in headers):
         headers.append((b"content-length", str(len(body)).encode()))
     head_only = request.method == "HEAD"
+
+    async def out(message: Message) -> None:
+        if send_timeout is None:
+            await send(message)
+            return
+        with anyio.fail_after(send_timeout):
+            await send(message)
+
     try:
-        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        await out({"type": "http.response.start", "status": response.status, "headers": headers})
         if isinstance(body, bytes):
-            await send({"type": "http.response.body", "body": b"" if head_only else body})
+            await out({"type": "http.response.body", "body": b"" if head_only else body})
             return
         if not head_only:
             async for chunk in body:
                 if chunk:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b""})
+                    await out({"type": "http.response.body", "body": chunk, "more_body": True})
+        await out({"type": "http.response.body", "body": b""})
     except OSError:
         return  # the client is gone (hosts raise a ClientDisconnected, an OSError)
+    except TimeoutError:
+        log.info("http client stopped reading for %.0f s; response abandoned", send_timeout)
+        return
     finally:
         await response.close_body()
 

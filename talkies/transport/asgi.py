@@ -23,6 +23,7 @@ server.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import anyio
@@ -37,15 +38,18 @@ from ..engines.pool import ModelPool
 from ..protocol import BinaryReceived, PeerGone, TextReceived
 from .http import HttpLimits, framing_problem
 
+log = logging.getLogger("talkies.transport")
+
 __all__ = ["TalkiesASGI", "create_app"]
 
 
 class _AsgiChannel:
     """The driver's channel over ASGI ``websocket.*`` messages."""
 
-    def __init__(self, receive: Receive, send: Send) -> None:
+    def __init__(self, receive: Receive, send: Send, *, send_timeout: float) -> None:
         self._receive = receive
         self._send = send
+        self._send_timeout = send_timeout
         self._lock = anyio.Lock()
         self._closed = False  # we sent websocket.close
         self._gone = False  # the peer disconnected
@@ -68,8 +72,18 @@ class _AsgiChannel:
         if self._gone or self._closed:
             return
         async with self._lock:
+            if self._gone:
+                return
             try:
-                await self._send(message)
+                # A host's send waits while its write buffer is full: a client that stopped
+                # reading would hold the stream (and its slots) for as long as it stays
+                # connected. Past the idle timeout it is taken as gone, as the standalone
+                # server's sends are; the close frame is not tried (it would wait too).
+                with anyio.fail_after(self._send_timeout):
+                    await self._send(message)
+            except TimeoutError:
+                log.info("client stopped reading for %.0f s; closing", self._send_timeout)
+                self._gone = True
             except Exception:  # the host raises once the client is gone; that is PeerGone
                 self._gone = True
 
@@ -153,7 +167,9 @@ class TalkiesASGI:
                 response = error_response(
                     status, problem, code="http_error", headers=[(b"connection", b"close")]
                 )
-                await send_response(send, request, response)
+                await send_response(
+                    send, request, response, send_timeout=self.settings.stream_idle_timeout
+                )
                 return
 
         async def watch(cancel: anyio.CancelScope) -> None:
@@ -167,7 +183,9 @@ class TalkiesASGI:
             tg.start_soon(watch, tg.cancel_scope)
             try:
                 response = await self.app.handle(request)
-                await send_response(send, request, response)
+                await send_response(
+                    send, request, response, send_timeout=self.settings.stream_idle_timeout
+                )
             except ClientGone:
                 pass
             tg.cancel_scope.cancel()
@@ -187,7 +205,7 @@ class TalkiesASGI:
             if subprotocol is not None:
                 message["subprotocol"] = subprotocol
             await send(message)
-            return _AsgiChannel(receive, send)
+            return _AsgiChannel(receive, send, send_timeout=self.settings.stream_idle_timeout)
 
         client = scope.get("client")
         await self.app.serve_websocket(
