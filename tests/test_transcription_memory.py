@@ -458,3 +458,51 @@ async def test_a_large_mcp_call_waits_for_a_turn_before_its_body_is_read(tmp_pat
             async with AsyncExitStack() as turn:
                 assert sum(map(len, await endpoint._read(after, turn))) == 2 * LARGE_BODY
         group.cancel_scope.cancel()
+
+
+async def test_a_large_mcp_call_that_trickles_its_body_loses_its_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a large call holds a turn, the rest of its body must keep coming at
+    LARGE_CALL_MIN_RATE after a grace: a review's client sent just over LARGE_BODY, then a byte
+    every 20 s (under the body's stall deadline), and two such held every large call for up
+    to TALKIES_UPLOAD_TIMEOUT. Now it gets a 408 and the turn is free."""
+    from contextlib import AsyncExitStack
+
+    from talkies.app import mcp
+    from talkies.app.files import FileStore
+    from talkies.app.http import Body, HttpError, Request
+
+    monkeypatch.setattr(mcp, "LARGE_CALL_GRACE", 0.3)
+    settings = Settings(data_dir=tmp_path, file_max_concurrency=1)
+    endpoint = mcp.McpEndpoint(
+        settings,
+        pool=None,
+        files=FileStore(tmp_path / "files"),
+        tmp_dir=tmp_path / "tmp",
+        decodes=anyio.CapacityLimiter(1),
+    )
+    head = [bytes(256 * 1024)] * 4 + [bytes(16)]  # LARGE_BODY + 16 bytes, at once
+
+    async def trickle() -> bytes:
+        if head:
+            return head.pop()
+        await anyio.sleep(0.2)  # then a byte now and then, forever
+        return b"x"
+
+    slow = Request(method="POST", path="/mcp", body=Body(trickle, limit=1 << 30, declared=None))
+    began = anyio.current_time()
+    with pytest.raises(HttpError) as refused:
+        async with AsyncExitStack() as turn:
+            await endpoint._read(slow, turn)
+    assert refused.value.status == 408 and "KiB/s" in str(refused.value)
+    assert anyio.current_time() - began < 3
+    parts = [bytes(256 * 1024)] * 8
+
+    async def whole() -> bytes:
+        return parts.pop() if parts else b""
+
+    after = Request(method="POST", path="/mcp", body=Body(whole, limit=1 << 30, declared=None))
+    with anyio.fail_after(2):  # the turn is free
+        async with AsyncExitStack() as turn:
+            assert sum(map(len, await endpoint._read(after, turn))) == 8 * 256 * 1024

@@ -71,6 +71,10 @@ Context = ServerRequestContext[dict[str, Any]]  # the default lifespan's state: 
 _ENVELOPE_BYTES = 64 * 1024
 # A call whose body is larger than this (audio, in practice) waits for a turn (_read).
 LARGE_BODY = 1 << 20
+# A large call's body, once it holds a turn, arrives at least this fast on average, after a
+# grace (_read): 16 MiB of base64 audio in 4 minutes. A slower client gets a 408.
+LARGE_CALL_MIN_RATE = 64 * 1024
+LARGE_CALL_GRACE = 5.0
 
 
 def request_limit(settings: Settings) -> int:
@@ -169,20 +173,40 @@ class McpEndpoint:
         three copies of a body while its tool runs (its size check's buffer, starlette's body,
         the parsed JSON), so only ``TALKIES_FILE_MAX_CONCURRENCY`` such calls hold them at
         once. A declared length alone takes no turn (it did: a client that declared 2 MiB and
-        sent nothing held one until the body timeout, and every other large call waited)."""
+        sent nothing held one until the body timeout, and every other large call waited), and
+        a body holding a turn must keep up :data:`LARGE_CALL_MIN_RATE` (a 408 otherwise)."""
         body = request.body
-        waited = False
         if body.declared is not None and body.declared > LARGE_BODY:
             body.check_declared()  # a 413 at once, before a byte is read
         parts: list[bytes] = []
         size = 0
-        async for chunk in body.chunks():
+        chunks = body.chunks().__aiter__()
+        # Once a turn is held, the rest must keep coming at LARGE_CALL_MIN_RATE on average
+        # (after a grace): a client trickling a byte now and then within the body's stall
+        # deadline held a turn up to TALKIES_UPLOAD_TIMEOUT, and two of them every large call.
+        held_since: float | None = None
+        held_bytes = 0
+        while True:
+            if held_since is None:
+                chunk = await anext(chunks, None)
+            else:
+                due = held_since + LARGE_CALL_GRACE + held_bytes / LARGE_CALL_MIN_RATE
+                with anyio.move_on_after(max(0.0, due - anyio.current_time())) as late:
+                    chunk = await anext(chunks, None)
+                if late.cancelled_caught:
+                    raise HttpError(
+                        408,
+                        f"a call over {LARGE_BODY} bytes must send its body at "
+                        f"{LARGE_CALL_MIN_RATE // 1024} KiB/s or more once it has a turn",
+                    )
+                held_bytes += len(chunk) if chunk is not None else 0
+            if chunk is None:
+                return parts
             size += len(chunk)
-            if size > LARGE_BODY and not waited:
+            if size > LARGE_BODY and held_since is None:
                 await turn.enter_async_context(self._large_calls)
-                waited = True
+                held_since = anyio.current_time()
             parts.append(chunk)
-        return parts
 
     # -- protocol handlers -----------------------------------------------------------------
 
