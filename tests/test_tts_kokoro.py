@@ -170,6 +170,11 @@ async def test_speed(kokoro: KokoroSpeechModel) -> None:
         ({"speed": 0.1}, SpeechErrorKind.INVALID_INPUT, "speed"),
         ({"language": "tlh"}, SpeechErrorKind.INVALID_INPUT, "language"),
         ({"text": ""}, SpeechErrorKind.INVALID_INPUT, "input"),
+        # espeak-ng says each kanji as "Japanese letter" (a review heard "Japanese letter,
+        # Chinese letter, ..." for 今日はいい天気ですね。): refused, not spoken so.
+        ({"text": "今日はいい天気ですね。"}, SpeechErrorKind.INVALID_INPUT, "input"),
+        ({"text": "今日は", "language": "ja"}, SpeechErrorKind.INVALID_INPUT, "input"),
+        ({"text": "你好。"}, SpeechErrorKind.INVALID_INPUT, "input"),
     ],
 )
 async def test_refusals(
@@ -179,6 +184,16 @@ async def test_refusals(
     with pytest.raises(SpeechError) as info:
         await kokoro.synthesize(SpeechRequest(**fields))
     assert (info.value.kind, info.value.param) == (kind, param)
+
+
+async def test_kana_is_spoken_as_japanese_and_hanzi_as_chinese_when_asked(
+    kokoro: KokoroSpeechModel,
+) -> None:
+    kana = "きょうは いい てんき ですね。"
+    told = await speak(kokoro, text=kana, voice="jf_alpha", language="ja")
+    assert await speak(kokoro, text=kana, voice="jf_alpha") == told  # no language needed
+    assert samples(b"".join(told)).size > 24000 * 0.8
+    assert await speak(kokoro, text="你好。", voice="jf_alpha", language="zh")
 
 
 def test_languages(kokoro: KokoroSpeechModel) -> None:

@@ -8,7 +8,10 @@ the version is pinned), each spoken by its public ``create`` with the pause koko
 between them, so the joined stream is ``create``'s audio of the whole text. Text is
 phonemized with espeak-ng (bundled by ``espeakng-loader``) in the request's language,
 default ``en-us`` whatever the voice: a Japanese voice given English text speaks English,
-with an accent.
+with an accent. Text with kana and no language is Japanese. espeak-ng reads kana but not
+kanji (each one becomes "Japanese letter"), so Japanese with kanji, or CJK ideographs in the
+default language, are refused (400, ``input``) rather than spoken that way; Chinese is
+``language: "zh"``.
 
 The model folder holds ``kokoro-v1.0.int8.onnx``, ``voices.npz`` (style vectors by voice name)
 and, optionally, ``vocab.json`` (the phoneme vocabulary; the model's own otherwise). The real
@@ -131,6 +134,15 @@ def _espeak_language(requested: str) -> str | None:
     return LANGUAGES.get(requested.strip().lower().replace("_", "-"))
 
 
+def _has_kana(text: str) -> bool:
+    return any("\u3040" <= c <= "\u30ff" or "\uff66" <= c <= "\uff9f" for c in text)
+
+
+def _has_han(text: str) -> bool:
+    """CJK ideographs: Japanese kanji, Chinese hanzi."""
+    return any("\u4e00" <= c <= "\u9fff" or "\u3400" <= c <= "\u4dbf" for c in text)
+
+
 class KokoroSpeechModel:
     """A loaded Kokoro model: one synthesis at a time, streamed a phoneme batch at a time."""
 
@@ -182,6 +194,25 @@ class KokoroSpeechModel:
                     param="language",
                 )
             language = found
+        elif _has_kana(request.text):
+            language = "ja"  # kana is Japanese whatever the default: spoken as such
+        if language == "ja" and _has_han(request.text):
+            # espeak-ng, Kokoro's phonemizer here, reads kana but says each kanji as
+            # "Japanese letter" (Kokoro's own Japanese front end, misaki with pyopenjtalk,
+            # downloads a dictionary at run time): refused rather than spoken as that.
+            raise SpeechError(
+                SpeechErrorKind.INVALID_INPUT,
+                "Japanese text with kanji cannot be phonemized here (espeak-ng reads kana "
+                "only): write it in kana",
+                param="input",
+            )
+        if language == self._language and language != "cmn" and _has_han(request.text):
+            raise SpeechError(
+                SpeechErrorKind.INVALID_INPUT,
+                "the text has CJK ideographs: give language 'zh' for Chinese, or write "
+                "Japanese in kana",
+                param="input",
+            )
         if request.instructions:
             log.debug("kokoro: instructions are not supported; ignored")
         return self._aliases.get(request.voice, request.voice), language
