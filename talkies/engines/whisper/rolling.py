@@ -29,6 +29,7 @@ __all__ = [
     "language_to_lock",
     "loops",
     "pcm_samples",
+    "repeats_itself",
     "stable_length",
     "transcript_text",
     "transcript_words",
@@ -136,6 +137,21 @@ def loops(text: str) -> bool:
     compression ratio over 2.4 (openai-whisper's ``compression_ratio_threshold``)."""
     data = text.encode("utf-8")
     return bool(data) and len(data) / len(zlib.compress(data)) > _LOOP_RATIO
+
+
+_REPEAT_PROBE = 4  # words
+
+
+def repeats_itself(words: Sequence[DecodedWord], start: int) -> bool:
+    """Whether ``words[start:]`` begins with a run of :data:`_REPEAT_PROBE` words found
+    earlier in ``words`` (ignoring case and punctuation): a decode saying again what it
+    already said. Fewer words after ``start`` are not judged (two words such as "he was"
+    recur in any long window)."""
+    norm = [_norm(w) for w in words]
+    probe = norm[start : start + _REPEAT_PROBE]
+    if len(probe) < _REPEAT_PROBE or not all(probe):
+        return False
+    return any(norm[i : i + _REPEAT_PROBE] == probe for i in range(start - _REPEAT_PROBE + 1))
 
 
 def choose_cut(words: Sequence[DecodedWord], window: float, keep: float) -> tuple[float, int]:
@@ -324,14 +340,20 @@ class WhisperRecognition:
         decoded again greedily, as the hypotheses are, and that is kept if it too heard at
         least two words more than the beam (a word or so either way is how beam and greedy
         decodes differ, and the beam's is kept then) and its words beyond the beam's do not
-        loop: a greedy decode of repeated speech can go on repeating it to the end of its
-        token budget, which Whisper's own check (a gzip compression ratio over 2.4, as
-        openai-whisper and faster-whisper use it) tells."""
+        loop: a greedy decode can go on repeating what it heard to the end of its token
+        budget, which Whisper's own check (a gzip compression ratio over 2.4, as
+        openai-whisper and faster-whisper use it) tells of a long loop, and
+        :func:`repeats_itself` of a sentence said again once or twice (a backlogged stream's
+        final had "Unless to be rather cold-hearted ... ill-disposed." three times)."""
         words = self._decode(audio, timestamps=timestamps, final=True)
         if len(heard) >= len(words) + _ENDED_EARLY:
             greedy = self._decode(audio, timestamps=timestamps, final=False)
             extra = " ".join(w.text for w in greedy[len(words) :])
-            if len(greedy) >= len(words) + _ENDED_EARLY and not loops(extra):
+            if (
+                len(greedy) >= len(words) + _ENDED_EARLY
+                and not loops(extra)
+                and not repeats_itself(greedy, len(words))
+            ):
                 return greedy
         return words
 
