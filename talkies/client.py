@@ -279,8 +279,7 @@ def stream(
     base = _base_url(url)
     decoding: _Decoding | None = None
     if source == "-":
-        _ffmpeg_args(source)  # ffmpeg is there
-        decoding = _Decoding()
+        decoding = _Decoding()  # a ClientError at once without ffmpeg
         audio, total = decoding.chunks(), None
     else:
         pcm = decode_pcm(source)

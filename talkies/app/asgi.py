@@ -128,10 +128,7 @@ async def send_response(
     head_only = request.method == "HEAD"
 
     async def out(message: Message) -> None:
-        if send_timeout is None:
-            await send(message)
-            return
-        with anyio.fail_after(send_timeout):
+        with anyio.fail_after(send_timeout):  # None: no deadline
             await send(message)
 
     try:

@@ -199,9 +199,10 @@ class McpEndpoint:
                         f"a call over {LARGE_BODY} bytes must send its body at "
                         f"{LARGE_CALL_MIN_RATE // 1024} KiB/s or more once it has a turn",
                     )
-                held_bytes += len(chunk) if chunk is not None else 0
             if chunk is None:
                 return parts
+            if held_since is not None:
+                held_bytes += len(chunk)
             size += len(chunk)
             if size > LARGE_BODY and held_since is None:
                 await turn.enter_async_context(self._large_calls)

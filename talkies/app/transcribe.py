@@ -126,14 +126,12 @@ class PcmChannel:
         while True:
             try:
                 chunk = anyio.from_thread.run(self._take)
-            except Exception:
+            except (Exception, KeyboardInterrupt, SystemExit):
                 raise
-            except BaseException as exc:
+            except BaseException:
                 # anyio runs _take in the caller's cancel scope: a client that left cancels
                 # it, and the cancellation (asyncio's CancelledError, a BaseException) would
                 # pass by an engine's ``except Exception`` and leave it mid-call.
-                if isinstance(exc, KeyboardInterrupt | SystemExit):
-                    raise
                 raise TranscriptionCancelled("the transcription was canceled") from None
             if chunk is None:
                 if self._complete:

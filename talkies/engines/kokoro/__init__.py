@@ -196,7 +196,8 @@ class KokoroSpeechModel:
             language = found
         elif _has_kana(request.text):
             language = "ja"  # kana is Japanese whatever the default: spoken as such
-        if language == "ja" and _has_han(request.text):
+        han = _has_han(request.text)
+        if language == "ja" and han:
             # espeak-ng, Kokoro's phonemizer here, reads kana but says each kanji as
             # "Japanese letter" (Kokoro's own Japanese front end, misaki with pyopenjtalk,
             # downloads a dictionary at run time): refused rather than spoken as that.
@@ -206,7 +207,7 @@ class KokoroSpeechModel:
                 "only): write it in kana",
                 param="input",
             )
-        if language == self._language and language != "cmn" and _has_han(request.text):
+        if language == self._language and language != "cmn" and han:
             raise SpeechError(
                 SpeechErrorKind.INVALID_INPUT,
                 "the text has CJK ideographs: give language 'zh' for Chinese, or write "
